@@ -1,0 +1,58 @@
+"""Shared fixtures: the real SmolLM2 tokenizer, a tiny random model, the shared data folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED_DATA = Path(os.environ.get("LIT_LLM_SHARED_DATA", SHARED / "data"))
+TEMPLATES_DIR = SHARED_DATA / "chat_templates"
+GSM8K_DIR = SHARED_DATA / "gsm8k"
+
+
+def require_shared(path: Path) -> Path:
+    """Skip (with the reason) when the shared data the project must not copy is absent."""
+    if not path.exists():
+        pytest.skip(f"shared test data not found at {path} (set LIT_LLM_SHARED_DATA to the shared/data folder)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def templates_dir() -> Path:
+    return require_shared(TEMPLATES_DIR)
+
+
+@pytest.fixture(scope="session")
+def gsm8k_dir() -> Path:
+    return require_shared(GSM8K_DIR)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real SmolLM2-135M-Instruct tokenizer (converted once from the embedded GGUF file, then cached)."""
+    from lit_llm.models import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny(tokenizer):
+    """A tiny random Llama-style model over the real tokenizer's vocabulary (fp32, eval mode)."""
+    from lit_llm.models import tiny_model
+
+    return tiny_model(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """The real SmolLM2-135M-Instruct (fp32, eval). ~5 s from the cache."""
+    from lit_llm.models import load_model
+
+    return load_model()
