@@ -1,0 +1,256 @@
+"""Tests for lit_llm.data.containers: the typed containers and their conversions (exact ids and strings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tensordict import lazy_stack
+
+from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens, template_display_name
+from lit_llm.data.errors import PrefixMismatchError
+
+# A short SmolLM2 conversation rendered by the tokenizer's own template, written out by hand. SmolLM2 ids:
+# <|im_start|>=1, <|im_end|>=2, "\n"=198, "system"=9690, "user"=4093, "ass"+"istant"=520 9531, "Be"=6077,
+# " brief"=5453, "."=30, digits "0".."9" = 32..41, "+"=27, "?"=47.
+CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"}]
+PROMPT_TEXT = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+RESPONSE_TEXT = "4<|im_end|>\n"
+FULL_TEXT = PROMPT_TEXT + RESPONSE_TEXT
+PROMPT_IDS = [1, 9690, 198, 6077, 5453, 30, 2, 198, 1, 4093, 198, 34, 27, 34, 47, 2, 198, 1, 520, 9531, 198]
+RESPONSE_IDS = [36, 2, 198]
+
+# A second, longer conversation (for batches): "3+5?" -> "8", no system prompt given -> SmolLM2's default is added.
+CONV2 = [{"role": "user", "content": "3+5?"}, {"role": "assistant", "content": "8"}]
+SMOL_SYS = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+PROMPT2_TEXT = f"<|im_start|>system\n{SMOL_SYS}<|im_end|>\n<|im_start|>user\n3+5?<|im_end|>\n<|im_start|>assistant\n"
+RESPONSE2_TEXT = "8<|im_end|>\n"
+RESPONSE2_IDS = [40, 2, 198]
+
+
+def ids(xs: list[int]) -> torch.Tensor:
+    return torch.tensor(xs, dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------------------------------- containers
+def test_fields_default_to_none():
+    assert Text().prompt is None and Text().response is None and Text().full is None
+    t = Tokens(prompt=ids([1, 2]), padded=False)
+    assert t.response is None and t.full is None and t.padded is False and t.batch_size == torch.Size([])
+    m = Masks(all_attention_mask=torch.tensor([True, False]), padded=False)
+    assert m.all_assistant_mask is None
+    lp = LogProbs(full=torch.tensor([0.0, -1.5]), padded=False)
+    assert lp.full.dtype == torch.float32 and lp.prompt is None
+    assert ChatHistory().prompt is None
+
+
+def test_lazy_stack_of_ragged_tokens_pads_on_request():
+    batch = lazy_stack([Tokens(prompt=ids([5, 6]), response=ids([7]), padded=False),
+                        Tokens(prompt=ids([1, 2, 3]), response=ids([8, 9]), padded=False)])
+    assert batch.batch_size == torch.Size([2])
+    assert [x.tolist() for x in batch.get("prompt", as_list=True)] == [[5, 6], [1, 2, 3]]
+    left = batch.get("prompt", as_padded_tensor=True, padding_side="left", padding_value=0)
+    assert left.tolist() == [[0, 5, 6], [1, 2, 3]]
+    right = batch.get("response", as_padded_tensor=True, padding_side="right", padding_value=0)
+    assert right.tolist() == [[7, 0], [8, 9]]
+
+
+def test_template_display_name():
+    assert template_display_name(None) == "tokenizer default"
+    assert template_display_name("/x/y/stock-qwen3.jinja") == "stock-qwen3.jinja"
+    assert template_display_name(Path("/x/zephyr.jinja")) == "zephyr.jinja"
+    assert template_display_name("{% for m in messages %}{{ m.content }}{% endfor %}") == "<inline template>"
+
+
+# ------------------------------------------------------------------------------------------------- Text.to_tokens
+def test_text_to_tokens_exact_ids(tokenizer):
+    for text in (Text(prompt=PROMPT_TEXT, full=FULL_TEXT), Text(prompt=PROMPT_TEXT, response=RESPONSE_TEXT)):
+        tok = text.to_tokens(tokenizer)
+        assert tok.prompt.tolist() == PROMPT_IDS
+        assert tok.response.tolist() == RESPONSE_IDS
+        assert tok.full.tolist() == PROMPT_IDS + RESPONSE_IDS
+        assert tok.full.dtype == torch.long and tok.padded is False
+    only_prompt = Text(prompt=PROMPT_TEXT).to_tokens(tokenizer)
+    assert only_prompt.prompt.tolist() == PROMPT_IDS and only_prompt.response is None and only_prompt.full is None
+
+
+def test_text_to_tokens_text_not_a_prefix(tokenizer):
+    with pytest.raises(PrefixMismatchError, match=r"Text.to_tokens: .*first difference at character position 3"):
+        Text(prompt="abcX", full="abcdef").to_tokens(tokenizer)
+
+
+def test_text_to_tokens_bpe_merge_across_boundary(tokenizer):
+    # The text is a prefix, but "\n\n" at the end of the prompt is one token (1116) while in the full text it is two
+    # (198, 198) because "4" follows: the ids are not a prefix, and the error says where (position 18).
+    prompt = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    with pytest.raises(PrefixMismatchError, match=r"position 18 \(prompt id 1116 vs full id 198\)"):
+        Text(prompt=prompt, response="4<|im_end|>\n").to_tokens(tokenizer)
+
+
+def test_text_missing_prompt_raises(tokenizer):
+    with pytest.raises(ValueError, match=r"Text.to_tokens: the 'prompt' field is None"):
+        Text(full="x").to_tokens(tokenizer)
+
+
+def test_text_to_tokens_batch_matches_single(tokenizer):
+    rows = [Text(prompt=PROMPT_TEXT, response=RESPONSE_TEXT), Text(prompt=PROMPT2_TEXT, response=RESPONSE2_TEXT)]
+    for batch in (lazy_stack(rows), Text(prompt=[PROMPT_TEXT, PROMPT2_TEXT], response=[RESPONSE_TEXT, RESPONSE2_TEXT],
+                                         batch_size=[2])):
+        out = batch.to_tokens(tokenizer)
+        assert out.batch_size == torch.Size([2])
+        assert [r.tolist() for r in out.get("response", as_list=True)] == [RESPONSE_IDS, RESPONSE2_IDS]
+        for i, row in enumerate(rows):
+            single = row.to_tokens(tokenizer)
+            assert out[i].prompt.tolist() == single.prompt.tolist()
+            assert out[i].full.tolist() == single.full.tolist()
+
+
+# -------------------------------------------------------------------------------------------------- Tokens.to_text
+def test_tokens_to_text_keeps_special_tokens(tokenizer):
+    for tokens in (Tokens(prompt=ids(PROMPT_IDS), response=ids(RESPONSE_IDS)),
+                   Tokens(prompt=ids(PROMPT_IDS), full=ids(PROMPT_IDS + RESPONSE_IDS))):
+        text = tokens.to_text(tokenizer)
+        assert text.prompt == PROMPT_TEXT
+        assert text.response == RESPONSE_TEXT
+        assert text.full == FULL_TEXT
+    assert Tokens(response=ids([36, 2])).to_text(tokenizer).response == "4<|im_end|>"
+
+
+def test_tokens_to_text_padded_raises(tokenizer):
+    with pytest.raises(ValueError, match="padded=True"):
+        Tokens(prompt=ids([[1, 2]]), padded=True, batch_size=[1])[0].to_text(tokenizer)
+
+
+def test_tokens_to_text_batch(tokenizer):
+    batch = lazy_stack([Tokens(prompt=ids(PROMPT_IDS), response=ids(RESPONSE_IDS), padded=False),
+                        Tokens(prompt=ids(PROMPT_IDS[:3]), response=ids(RESPONSE2_IDS), padded=False)])
+    text = batch.to_text(tokenizer)
+    assert list(text.response) == [RESPONSE_TEXT, RESPONSE2_TEXT]
+    assert list(text.prompt) == [PROMPT_TEXT, "<|im_start|>system\n"]
+
+
+_piece = st.sampled_from(["a", "b", " c", "12", "+", "\n", "é", "中", "<|im_end|>", "<|im_start|>", "?", " "])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.lists(_piece, max_size=6).map("".join), st.lists(_piece, max_size=6).map("".join)),
+                     min_size=1, max_size=4))
+def test_text_tokens_round_trip_property(tokenizer, rows):
+    """full == prompt ⊕ response by ids, decode(full) == prompt + response, batch == rows; or a prefix error."""
+    texts, ok = [Text(prompt=p, response=r) for p, r in rows], []
+    for (p, r), text in zip(rows, texts, strict=True):
+        try:
+            single = text.to_tokens(tokenizer)
+        except PrefixMismatchError:
+            continue  # a BPE merge across the boundary: the error is the contract (property 2)
+        assert torch.equal(single.full, torch.cat([single.prompt, single.response]))
+        back = single.to_text(tokenizer)
+        assert (back.prompt, back.response, back.full) == (p, r, p + r)
+        ok.append((text, single))
+    if len(ok) < len(texts):
+        with pytest.raises(PrefixMismatchError):
+            lazy_stack(texts).to_tokens(tokenizer)
+    if ok:
+        batch = lazy_stack([t for t, _ in ok]).to_tokens(tokenizer)
+        for row, (_, single) in zip(batch.unbind(0), ok, strict=True):
+            assert torch.equal(row.full, single.full) and torch.equal(row.response, single.response)
+
+
+# ------------------------------------------------------------------------------------------ with History (helper A)
+def history(messages):
+    from lit_llm.data.history import History
+
+    return History.from_chats(messages)
+
+
+def test_chat_history_to_tokens_exact(tokenizer):
+    for ch in (ChatHistory(prompt=history(CONV[:2]), full=history(CONV)),
+               ChatHistory(prompt=history(CONV[:2]), response=history(CONV[2:]))):
+        tok = ch.to_tokens(tokenizer)
+        assert tok.prompt.tolist() == PROMPT_IDS
+        assert tok.response.tolist() == RESPONSE_IDS
+        assert tok.full.tolist() == PROMPT_IDS + RESPONSE_IDS
+        text = ch.to_text(tokenizer)
+        assert (text.prompt, text.response, text.full) == (PROMPT_TEXT, RESPONSE_TEXT, FULL_TEXT)
+
+
+def test_chat_history_to_tokens_prefix_error_names_template(tokenizer, templates_dir):
+    # Qwen3 with enable_thinking=False writes an empty think block in the generation prompt, but renders the reply's
+    # own reasoning in the full conversation: ids differ at position 15 ("\n" of the empty block vs "r").
+    path = templates_dir / "stock-qwen3.jinja"
+    ch = ChatHistory(prompt=history([{"role": "user", "content": "q1"}]),
+                     response=history([{"role": "assistant", "content": "<think>\nr\n</think>\n\nA1"}]))
+    with pytest.raises(PrefixMismatchError, match=r"'stock-qwen3.jinja'.*position 15 \(prompt id 198 vs full id 98\)"):
+        ch.to_tokens(tokenizer, chat_template=str(path), enable_thinking=False)
+    with pytest.raises(PrefixMismatchError, match=r"'stock-qwen3.jinja'.*character position 60"):
+        ch.to_text(tokenizer, chat_template=str(path), enable_thinking=False)
+
+
+def test_chat_history_batch_matches_single(tokenizer):
+    rows = [ChatHistory(prompt=history(CONV[:2]), response=history(CONV[2:])),
+            ChatHistory(prompt=history(CONV2[:1]), response=history(CONV2[1:]))]
+    out = lazy_stack(rows).to_tokens(tokenizer)
+    assert out.batch_size == torch.Size([2])
+    assert [r.tolist() for r in out.get("response", as_list=True)] == [RESPONSE_IDS, RESPONSE2_IDS]
+    assert out[0].prompt.tolist() == PROMPT_IDS
+    for i, row in enumerate(rows):
+        assert torch.equal(out[i].full, row.to_tokens(tokenizer).full)
+    text = lazy_stack(rows).to_text(tokenizer)
+    assert list(text.prompt) == [PROMPT_TEXT, PROMPT2_TEXT]
+
+
+def test_chat_history_padded_history_batch(tokenizer):
+    """A [B, n] History ("<none>"-padded rows) gives the same tokens as the rows one by one."""
+    from lit_llm.data.history import History
+
+    ch = ChatHistory(prompt=History.from_chats([CONV[:2], CONV2[:1]]),
+                     response=History.from_chats([CONV[2:], CONV2[1:]]), batch_size=[2])
+    out = ch.to_tokens(tokenizer)
+    assert [r.tolist() for r in out.get("response", as_list=True)] == [RESPONSE_IDS, RESPONSE2_IDS]
+    assert out[0].prompt.tolist() == PROMPT_IDS
+    assert list(ch.to_text(tokenizer).response) == [RESPONSE_TEXT, RESPONSE2_TEXT]
+
+
+def test_chat_history_inline_template_and_missing_prompt(tokenizer):
+    # A template whose generation prompt ("A:\n") is not what it renders before a reply ("A: "): character 10.
+    tpl = ("{% for m in messages %}{{ m.role[0]|upper }}: {{ m.content }}\n{% endfor %}"
+           "{% if add_generation_prompt %}A:\n{% endif %}")
+    ch = ChatHistory(prompt=history(CONV2[:1]), response=history(CONV2[1:]))
+    assert history(CONV2).apply_chat_template(tokenizer, chat_template=tpl, tokenize=False) == "U: 3+5?\nA: 8\n"
+    with pytest.raises(PrefixMismatchError, match=r"'<inline template>'.*character position 10 \(prompt '\\n' vs"):
+        ch.to_text(tokenizer, chat_template=tpl)
+    pattern = r"'<inline template>'.*token position 10 \(prompt id 198 vs full id 216\)"
+    with pytest.raises(PrefixMismatchError, match=pattern):
+        ch.to_tokens(tokenizer, chat_template=tpl)
+    with pytest.raises(ValueError, match=r"ChatHistory.to_tokens: the 'prompt' field is None"):
+        ChatHistory(full=history(CONV2)).to_tokens(tokenizer)
+
+
+def test_text_and_tokens_to_history(tokenizer):
+    expected_prompt = [("system", "Be brief."), ("user", "2+2?")]
+    for ch in (Text(prompt=PROMPT_TEXT, response=RESPONSE_TEXT).to_history("smollm2"),
+               Tokens(prompt=ids(PROMPT_IDS), response=ids(RESPONSE_IDS)).to_history(tokenizer, "smollm2")):
+        assert _chat(ch.prompt) == expected_prompt
+        assert _chat(ch.full) == [*expected_prompt, ("assistant", "4")]
+        assert _chat(ch.response) == [("assistant", "4")]
+        assert ch.full.is_complete.tolist() == [True, True, True]
+    partial = Text(prompt=PROMPT_TEXT, response="Fo").to_history("smollm2")
+    assert _chat(partial.response) == [("assistant", "Fo")]
+    assert partial.response.is_complete.tolist() == [False]
+
+
+def _chat(h):
+    return [(r, c) for r, c in zip(list(h.role), list(h.content), strict=True)]
+
+
+def test_text_to_history_batch(tokenizer):
+    batch = lazy_stack([Text(prompt=PROMPT_TEXT, response=RESPONSE_TEXT),
+                        Text(prompt=PROMPT2_TEXT, response=RESPONSE2_TEXT)])
+    out = batch.to_history("chatml")
+    assert _chat(out[1].prompt) == [("system", SMOL_SYS), ("user", "3+5?")]
+    assert _chat(out[1].response) == [("assistant", "8")]
+    assert _chat(out[0].response) == [("assistant", "4")]
