@@ -1,0 +1,19 @@
+"""Loss maths of lit_llm: supervised heads (sft / rlhf / generic) and GRPO (advantages, clipped surrogate, KL).
+
+Pure tensor code, no Lightning: inputs are ``[B, T]`` tensors aligned to ``tokens.full``.
+"""
+
+from lit_llm.objectives.grpo import compute_advantages, effective_completion_mask, grpo_loss
+from lit_llm.objectives.reduction import k3_kl
+from lit_llm.objectives.sft import NonFiniteLossError, check_finite, loss_mask, sft_loss
+
+__all__ = [
+    "NonFiniteLossError",
+    "check_finite",
+    "compute_advantages",
+    "effective_completion_mask",
+    "grpo_loss",
+    "k3_kl",
+    "loss_mask",
+    "sft_loss",
+]
