@@ -1,0 +1,376 @@
+"""Generation settings (``generate_kwargs`` standardisation and validation) and the sampling loop with KV cache.
+
+Two public pieces used by :class:`~lit_llm.policy.transformers_wrapper.TransformersWrapper`:
+
+* :func:`standardize_generate_kwargs` / :func:`resolve_generation_config`: TorchRL's seed names
+  (``torchrl/modules/llm/policies/common.py``: vLLM's ``max_tokens`` -> ``max_new_tokens``, ``n`` ->
+  ``num_return_sequences``) and its validation rules, resolved into one frozen :class:`GenerationConfig`.
+* :func:`generate_tokens`: a left-padded, KV-cached decoding loop that keeps the sampled ids exactly and records the
+  log-prob of every sampled token under the temperature-scaled model distribution (DESIGN.md properties 1, 4, 5).
+
+Why our own loop rather than ``model.generate``: the reported log-probs must be ``log_softmax(logits / T)`` of the raw
+logits (not the processed scores), and keeping ``output_logits`` for every step costs ``[B, V]`` fp32 per step; here
+each step gathers the one sampled log-prob and frees the rest. The logits processors themselves are transformers'
+(repetition penalty, temperature, top-k, top-p, min-p, in ``model.generate``'s order).
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "SUPPORTED_GENERATE_KWARGS",
+    "GenerationConfig",
+    "GenerationOutput",
+    "generate_tokens",
+    "pad_rows",
+    "resolve_generation_config",
+    "standardize_generate_kwargs",
+    "validate_generate_kwargs",
+]
+
+#: Keys accepted in ``generate_kwargs`` after standardisation (``max_tokens`` and ``n`` are accepted as aliases).
+SUPPORTED_GENERATE_KWARGS = frozenset({
+    "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+    "num_return_sequences", "eos_token_id", "pad_token_id",
+})
+_LEGACY_NAMES = {"max_tokens": "max_new_tokens", "n": "num_return_sequences"}
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+def standardize_generate_kwargs(generate_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """Rename vLLM-style keys to the transformers names, then validate (TorchRL seed semantics).
+
+    ``max_tokens`` -> ``max_new_tokens`` and ``n`` -> ``num_return_sequences``. When both the legacy and the standard
+    name are given, the legacy name wins and a ``UserWarning`` names both values.
+
+    Args:
+        generate_kwargs: user settings, or ``None`` (-> ``{}``). Not modified.
+
+    Returns:
+        A new dict with standard names only.
+
+    Raises:
+        ValueError: see :func:`validate_generate_kwargs`.
+    """
+    out = dict(generate_kwargs or {})
+    for legacy, standard in _LEGACY_NAMES.items():
+        if legacy in out:
+            value = out.pop(legacy)
+            if standard in out and out[standard] != value:
+                warnings.warn(
+                    f"generate_kwargs: both {legacy!r}={value!r} and {standard!r}={out[standard]!r} were given; the "
+                    f"legacy name {legacy!r} wins ({standard}={value!r}). Pass only {standard!r}.",
+                    UserWarning, stacklevel=2,
+                )
+            out[standard] = value
+    validate_generate_kwargs(out)
+    return out
+
+
+def validate_generate_kwargs(generate_kwargs: dict[str, Any]) -> None:
+    """Check standardised ``generate_kwargs``; raise on the first invalid setting.
+
+    Rules (TorchRL's ``_validate_parameter_combinations`` plus unknown keys): ``temperature >= 0``;
+    ``0 <= top_p <= 1``; ``top_k > 0`` (``None`` = off); ``0 <= min_p <= 1``; ``repetition_penalty > 0``;
+    ``max_new_tokens >= 1``; ``num_return_sequences >= 1``; an explicitly passed non-zero ``temperature`` together
+    with ``do_sample=False`` is contradictory; ``do_sample=True`` with ``temperature=0`` too.
+
+    Args:
+        generate_kwargs: standardised settings (see :func:`standardize_generate_kwargs`).
+
+    Raises:
+        ValueError: an unknown key (the message lists the supported ones) or one of the rules above; the message
+            names the key, the value and the fix.
+    """
+    unknown = sorted(set(generate_kwargs) - SUPPORTED_GENERATE_KWARGS)
+    if unknown:
+        raise ValueError(
+            f"generate_kwargs: unsupported key(s) {unknown}. Supported: {sorted(SUPPORTED_GENERATE_KWARGS)} "
+            f"(aliases: 'max_tokens', 'n'). Remove them or use transformers directly."
+        )
+    g = generate_kwargs.get
+    temperature = g("temperature")
+    if temperature is not None and temperature < 0:
+        raise ValueError(f"generate_kwargs: temperature must be non-negative, got {temperature}. Use 0 for greedy "
+                         f"decoding or a positive value for sampling.")
+    top_p = g("top_p")
+    if top_p is not None and not 0 <= top_p <= 1:
+        raise ValueError(f"generate_kwargs: top_p must be between 0 and 1, got {top_p}. Use 1.0 (or None) to "
+                         f"disable nucleus filtering.")
+    top_k = g("top_k")
+    if top_k is not None and top_k <= 0:
+        raise ValueError(f"generate_kwargs: top_k must be positive, got {top_k}. Use None to disable top-k "
+                         f"filtering.")
+    min_p = g("min_p")
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise ValueError(f"generate_kwargs: min_p must be between 0 and 1, got {min_p}.")
+    penalty = g("repetition_penalty")
+    if penalty is not None and penalty <= 0:
+        raise ValueError(f"generate_kwargs: repetition_penalty must be positive, got {penalty}. Use 1.0 (or None) "
+                         f"for no penalty.")
+    for key in ("max_new_tokens", "num_return_sequences"):
+        value = g(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"generate_kwargs: {key} must be a positive integer, got {value!r}.")
+    do_sample = g("do_sample")
+    if do_sample is False and temperature not in (None, 0):
+        raise ValueError(
+            f"generate_kwargs: do_sample=False (greedy decoding) contradicts temperature={temperature}. Remove "
+            f"temperature (or set it to 0) for greedy decoding, or set do_sample=True to sample."
+        )
+    if do_sample is True and temperature == 0:
+        raise ValueError("generate_kwargs: do_sample=True with temperature=0 cannot sample. Use a temperature > 0, "
+                         "or do_sample=False for greedy decoding.")
+
+
+def _as_id_tuple(value: int | Iterable[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (int(value),)
+    return tuple(int(v) for v in value)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Resolved generation settings (one per wrapper).
+
+    Attributes:
+        max_new_tokens: maximum number of sampled tokens per row (a row that reaches it without a stop token is
+            truncated).
+        do_sample: sample (``True``) or take the argmax of the processed scores (``False``, greedy).
+        temperature: sampling temperature; also the temperature of the reported log-probs. ``1.0`` when greedy
+            (greedy log-probs are those of the unscaled distribution).
+        top_k: keep the ``top_k`` highest scores before sampling; ``None`` = off.
+        top_p: nucleus filtering threshold; ``None`` = off.
+        min_p: min-p filtering threshold; ``None`` = off.
+        repetition_penalty: CTRL repetition penalty (Keskar et al. 2019); ``None`` = off.
+        num_return_sequences: responses per prompt requested through ``generate_kwargs`` (``n``).
+        eos_token_ids: every id that stops a row (DESIGN.md property 5).
+        pad_token_id: id written after a row stopped, in padded outputs only.
+    """
+
+    max_new_tokens: int
+    do_sample: bool
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    min_p: float | None
+    repetition_penalty: float | None
+    num_return_sequences: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+
+
+def resolve_generation_config(generate_kwargs: dict[str, Any] | None, model: Any,
+                              tokenizer: Any | None = None) -> GenerationConfig:
+    """Standardise ``generate_kwargs`` and fill the rest from the model's generation config.
+
+    Sampling settings come from ``generate_kwargs`` only (default: greedy), never from
+    ``model.generation_config``, so the temperature of the reported log-probs is always the one the caller chose.
+    ``do_sample`` defaults to ``True`` when a positive ``temperature`` is given, else ``False``; ``temperature=0``
+    means greedy. ``eos_token_id`` defaults to ``model.generation_config.eos_token_id`` (an int or a list: every id
+    stops a row), then ``model.config.eos_token_id``, then ``tokenizer.eos_token_id``. ``max_new_tokens`` defaults to
+    ``model.generation_config.max_new_tokens`` or 128.
+
+    Args:
+        generate_kwargs: user settings (see :data:`SUPPORTED_GENERATE_KWARGS`).
+        model: an HF causal LM (its ``generation_config`` / ``config`` are read).
+        tokenizer: optional tokenizer used as the last fallback for eos/pad ids.
+
+    Returns:
+        A :class:`GenerationConfig`.
+
+    Raises:
+        ValueError: invalid ``generate_kwargs`` (see :func:`validate_generate_kwargs`), or no eos id anywhere.
+    """
+    kw = standardize_generate_kwargs(generate_kwargs)
+    gen_cfg = getattr(model, "generation_config", None)
+    cfg = getattr(model, "config", None)
+    eos = _as_id_tuple(kw.get("eos_token_id"))
+    for source in (gen_cfg, cfg, tokenizer):
+        if not eos and source is not None:
+            eos = _as_id_tuple(getattr(source, "eos_token_id", None))
+    if not eos:
+        raise ValueError("generate_kwargs: no eos_token_id in generate_kwargs, model.generation_config, model.config "
+                         "or the tokenizer; pass generate_kwargs={'eos_token_id': ...}.")
+    pad = kw.get("pad_token_id")
+    for source in (gen_cfg, cfg, tokenizer):
+        if pad is None and source is not None:
+            pad = getattr(source, "pad_token_id", None)
+    temperature = kw.get("temperature")
+    do_sample = kw.get("do_sample")
+    if do_sample is None:
+        do_sample = temperature is not None and temperature > 0
+    max_new = kw.get("max_new_tokens") or getattr(gen_cfg, "max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS
+    penalty = kw.get("repetition_penalty")
+    return GenerationConfig(
+        max_new_tokens=int(max_new),
+        do_sample=bool(do_sample),
+        temperature=float(temperature) if (do_sample and temperature is not None) else 1.0,
+        top_k=kw.get("top_k"),
+        top_p=None if kw.get("top_p") in (None, 1.0) else float(kw["top_p"]),
+        min_p=None if kw.get("min_p") in (None, 0.0) else float(kw["min_p"]),
+        repetition_penalty=None if penalty in (None, 1.0) else float(penalty),
+        num_return_sequences=int(kw.get("num_return_sequences") or 1),
+        eos_token_ids=eos,
+        pad_token_id=int(pad if pad is not None else eos[0]),
+    )
+
+
+@dataclass
+class GenerationOutput:
+    """Per-row results of :func:`generate_tokens` (unpadded).
+
+    Attributes:
+        response_ids: ``B`` 1-D ``torch.long`` tensors ``[R_b]``: the sampled ids, ending with the stop token unless
+            the row was truncated.
+        response_log_probs: ``B`` 1-D ``torch.float32`` tensors ``[R_b]``: ``log_softmax(logits / T)`` of each
+            sampled id (``T`` = :attr:`GenerationConfig.temperature`).
+        truncated: ``[B]`` bool: the row reached ``max_new_tokens`` without a stop token.
+    """
+
+    response_ids: list[Tensor]
+    response_log_probs: list[Tensor]
+    truncated: Tensor
+
+
+def _cache_kwarg(model: Any) -> str:
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _processors(config: GenerationConfig) -> list:
+    from transformers.generation import logits_process as lp
+
+    procs: list = []
+    if config.repetition_penalty is not None:
+        procs.append(lp.RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
+    if config.do_sample:
+        if config.temperature != 1.0:
+            procs.append(lp.TemperatureLogitsWarper(config.temperature))
+        if config.top_k is not None:
+            procs.append(lp.TopKLogitsWarper(config.top_k))
+        if config.top_p is not None:
+            procs.append(lp.TopPLogitsWarper(config.top_p))
+        if config.min_p is not None:
+            procs.append(lp.MinPLogitsWarper(config.min_p))
+    return procs
+
+
+def pad_rows(rows: Sequence[Tensor], pad_value: int | float | bool, *, side: str = "left") -> Tensor:
+    """Stack 1-D tensors into ``[B, T_max]``, padding on ``side`` with ``pad_value``.
+
+    Args:
+        rows: ``B`` 1-D tensors of one dtype.
+        pad_value: fill value.
+        side: ``"left"`` (default) or ``"right"``.
+
+    Returns:
+        ``[B, T_max]`` tensor of the rows' dtype (``[B, 0]`` when every row is empty).
+    """
+    width = max((r.numel() for r in rows), default=0)
+    out = torch.full((len(rows), width), pad_value, dtype=rows[0].dtype if rows else torch.long,
+                     device=rows[0].device if rows else None)
+    for i, r in enumerate(rows):
+        if r.numel():
+            if side == "left":
+                out[i, width - r.numel():] = r
+            else:
+                out[i, :r.numel()] = r
+    return out
+
+
+@torch.no_grad()
+def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationConfig, *,
+                    device: torch.device | None = None, max_context: int | None = None) -> GenerationOutput:
+    """Decode every prompt with a KV cache; stop each row at its first eos id; keep ids and their log-probs.
+
+    Prompts are left-padded into ``[B, P]`` with an attention mask built from their lengths (never from
+    ``ids != pad``: SmolLM2's pad id is its end-of-turn id) and position ids ``attention_mask.cumsum(-1) - 1``
+    clamped at 0, so a row's numbers do not depend on the other rows' lengths. At each step the next-token logits
+    ``z`` (fp32) give the reported log-prob ``log_softmax(z / T)[x]`` of the chosen id ``x`` -- the temperature-scaled
+    full distribution, **not** renormalised after top-k/top-p/min-p or the repetition penalty -- and the processed
+    scores give ``x`` (multinomial sample, or argmax when greedy). A row is done once it emits any id of
+    ``config.eos_token_ids`` (kept as the response's last token); the loop stops when every row is done or after
+    ``config.max_new_tokens`` steps. The model's train/eval mode is left unchanged; no gradients are recorded.
+
+    Args:
+        model: an HF causal LM.
+        prompts: ``B`` non-empty 1-D ``torch.long`` id tensors.
+        config: resolved settings (:func:`resolve_generation_config`).
+        device: where to run (default: the model's parameters' device).
+        max_context: the model's context length; ``None`` reads ``model.config.max_position_embeddings``.
+
+    Returns:
+        :class:`GenerationOutput` with per-row ids, log-probs and truncation flags, on ``device``.
+
+    Raises:
+        ValueError: an empty prompt, or a prompt plus ``max_new_tokens`` longer than the context.
+    """
+    if device is None:
+        device = next(model.parameters()).device
+    lengths = [int(p.numel()) for p in prompts]
+    if any(n == 0 for n in lengths):
+        raise ValueError(f"generate: prompt row {lengths.index(0)} is empty; every prompt needs at least one token.")
+    if max_context is None:
+        max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if max_context is not None and max(lengths) + config.max_new_tokens > max_context:
+        row = max(range(len(lengths)), key=lengths.__getitem__)
+        raise ValueError(
+            f"generate: prompt row {row} has {lengths[row]} tokens; with max_new_tokens={config.max_new_tokens} it "
+            f"exceeds the model's context of {max_context} tokens. Shorten the prompt or lower max_new_tokens."
+        )
+    batch = len(prompts)
+    ids = pad_rows([p.to(device=device, dtype=torch.long) for p in prompts], config.pad_token_id)
+    attn = pad_rows([torch.ones(n, dtype=torch.long, device=device) for n in lengths], 0)
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=device)
+    procs = _processors(config)
+    cache_kw = _cache_kwarg(model)
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+    out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=True, **extra)
+    cache = out.get("cache", None) or out.get("past_key_values", None)
+    seq = ids
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    steps_ids: list[Tensor] = []
+    steps_lp: list[Tensor] = []
+    for step in range(config.max_new_tokens):
+        logits = out.logits[:, -1, :].float()
+        scores = logits
+        for proc in procs:
+            scores = proc(seq, scores)
+        if config.do_sample:
+            nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        else:
+            nxt = scores.argmax(dim=-1)
+        nxt = torch.where(done, torch.full_like(nxt, config.pad_token_id), nxt)
+        lp = torch.log_softmax(logits / config.temperature, dim=-1).gather(1, nxt[:, None]).squeeze(1)
+        steps_ids.append(nxt)
+        steps_lp.append(lp.masked_fill(done, 0.0))
+        done = done | torch.isin(nxt, eos)
+        if bool(done.all()) or step == config.max_new_tokens - 1:
+            break
+        seq = torch.cat([seq, nxt[:, None]], dim=1)
+        attn = torch.cat([attn, torch.ones(batch, 1, dtype=attn.dtype, device=device)], dim=1)
+        out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=attn.sum(-1, keepdim=True) - 1,
+                    use_cache=True, **{cache_kw: cache})
+        cache = out.get("cache", None) or out.get("past_key_values", None)
+    all_ids = torch.stack(steps_ids, dim=1)  # [B, S]
+    all_lp = torch.stack(steps_lp, dim=1)
+    is_eos = torch.isin(all_ids, eos)
+    has_eos = is_eos.any(dim=1)
+    first_eos = torch.where(has_eos, is_eos.long().argmax(dim=1), torch.full_like(has_eos, -1, dtype=torch.long))
+    resp_len = torch.where(has_eos, first_eos + 1, torch.full_like(first_eos, all_ids.shape[1]))
+    response_ids = [all_ids[b, : int(resp_len[b])] for b in range(batch)]
+    response_lp = [all_lp[b, : int(resp_len[b])] for b in range(batch)]
+    return GenerationOutput(response_ids=response_ids, response_log_probs=response_lp, truncated=~has_eos)

@@ -1,0 +1,437 @@
+"""``TransformersWrapper``: a Hugging Face causal LM as a TorchRL-style policy (generate and log-prob versions).
+
+Generate version (``generate=True``): prompt (History / text / ids) -> left-padded ids -> :func:`generate_tokens`
+(KV cache, every eos id of the generation config stops a row, sampled ids and their log-probs kept) -> outputs.
+Log-prob version (``generate=False``): full sequence -> :func:`~lit_llm.policy.logprobs.model_token_log_probs`
+(chunked LM head, never ``[B, T, V]`` logits) -> ``log_probs.full``. When the input carries ``tokens.full`` (e.g. the
+generate version's output) those ids are scored as they are: decoded text is never re-tokenised (DESIGN.md
+property 1).
+
+Output keys (defaults): ``text`` (:class:`Text`, history/text modes), ``tokens`` (:class:`Tokens`), ``masks``
+(:class:`Masks`), ``log_probs`` (:class:`LogProbs`), ``history`` (:class:`ChatHistory`, history mode) and, for
+generation, ``truncated`` (``[B]`` bool, TorchRL's name: the row hit ``max_new_tokens`` without a stop token).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from tensordict import NestedKey, TensorDict, TensorDictBase
+from torch import Tensor
+
+from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens, template_display_name
+from lit_llm.data.errors import check_prefix
+from lit_llm.policy.common import LLMWrapperBase, _key, read_rows, read_strings
+from lit_llm.policy.generation import generate_tokens, pad_rows, resolve_generation_config, standardize_generate_kwargs
+from lit_llm.policy.logprobs import model_token_log_probs
+
+__all__ = ["TransformersWrapper"]
+
+
+class TransformersWrapper(LLMWrapperBase):
+    """A transformers causal LM wrapped as a tensordict module (TorchRL's ``TransformersWrapper`` API).
+
+    Args:
+        model: an HF ``*ForCausalLM`` (shared, never copied, by every :meth:`get_new_version`).
+        tokenizer: its tokenizer (required except in ``"tokens"`` mode).
+        input_mode: ``"history"`` (chat messages, rendered with ``chat_template``), ``"text"`` (strings tokenised
+            with ``tokenizer_kwargs``) or ``"tokens"`` (1-D id tensors).
+        input_key: the nested key to read; default ``(<mode key>, "prompt")`` when generating,
+            ``(<mode key>, "full")`` otherwise.
+        generate: generate version (``True``) or log-prob version (``False``).
+        generate_kwargs: ``max_new_tokens`` (alias ``max_tokens``), ``do_sample``, ``temperature``, ``top_k``,
+            ``top_p``, ``min_p``, ``repetition_penalty``, ``num_return_sequences`` (alias ``n``), ``eos_token_id``,
+            ``pad_token_id``; see :func:`~lit_llm.policy.generation.resolve_generation_config` for defaults and
+            :func:`~lit_llm.policy.generation.validate_generate_kwargs` for the errors.
+        tokenizer_kwargs: extra ``tokenizer(...)`` kwargs in text mode (default ``add_special_tokens=False``).
+        pad_output: ``[B, T]`` padded outputs (prompt left-, response right-, full left-padded) instead of ragged
+            lazy stacks. Both hold the same numbers.
+        inplace: ``True`` (write into the input), ``False`` (new tensordict: input entries + outputs), ``"empty"``
+            (outputs only); ``None`` = ``True`` unless ``num_samples`` is set (then ``False``).
+        device: where inputs are moved (default: the model's device).
+        num_samples: responses per prompt; output batch shape ``[B, num_samples]`` (default ``None``: ``[B]``).
+            Also set by ``generate_kwargs["n"]``.
+        chat_template: Jinja string or ``.jinja`` path for history mode (default: the tokenizer's).
+        return_log_probs: generate version: write ``log_probs.response`` and ``log_probs.full`` (zeros over the
+            prompt). Default ``True``. Must not be ``False`` for the log-prob version.
+        history_key, text_key, tokens_key, masks_key, log_probs_key: output container keys.
+        batching, min_batch_size, max_batch_size, batching_timeout: the threaded batcher
+            (:class:`~lit_llm.policy.batching.BatchingMixin`).
+        temperature: log-prob version: logits are divided by it before the log-softmax (> 0). Default ``None`` = the
+            sampling temperature of ``generate_kwargs`` (1.0 when greedy), so
+            ``get_new_version(generate=False)`` scores with the temperature its generate version sampled at.
+        chunk_size: positions per LM-head chunk in the log-prob version (peak extra memory ~ ``chunk_size * V * 4``
+            bytes).
+
+    Log-probs: ``log_probs.full[t] = log_softmax(z_{t-1} / T)[x_t]`` with ``z`` the model's logits -- the
+    temperature-scaled **full** distribution, not renormalised after top-k/top-p/min-p or the repetition penalty --
+    0.0 at each row's first token and at padding (DESIGN.md property 4). Position ids always come from the attention
+    mask, so a row's numbers do not depend on the rest of the batch.
+
+    Raises:
+        ValueError: invalid settings (named in the message), see also :class:`LLMWrapperBase`.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        tokenizer: Any = None,
+        input_mode: Literal["history", "text", "tokens"] = "history",
+        input_key: NestedKey | None = None,
+        generate: bool = True,
+        generate_kwargs: dict[str, Any] | None = None,
+        tokenizer_kwargs: dict[str, Any] | None = None,
+        pad_output: bool = False,
+        inplace: bool | Literal["empty"] | None = None,
+        device: torch.device | str | None = None,
+        num_samples: int | None = None,
+        chat_template: str | None = None,
+        return_log_probs: bool | None = None,
+        history_key: NestedKey = "history",
+        text_key: NestedKey = "text",
+        tokens_key: NestedKey = "tokens",
+        masks_key: NestedKey = "masks",
+        log_probs_key: NestedKey = "log_probs",
+        batching: bool | None = None,
+        min_batch_size: int | None = None,
+        max_batch_size: int | None = None,
+        batching_timeout: float = 10.0,
+        temperature: float | None = None,
+        chunk_size: int = 1024,
+    ) -> None:
+        super().__init__()
+        self.generate_kwargs = standardize_generate_kwargs(generate_kwargs)
+        self.generation_config = resolve_generation_config(self.generate_kwargs, model, tokenizer)
+        n = self.generation_config.num_return_sequences
+        if generate and "num_return_sequences" in self.generate_kwargs:
+            if num_samples is None:
+                num_samples = n if n > 1 else None
+            elif num_samples != n:
+                raise ValueError(f"num_samples={num_samples} contradicts generate_kwargs num_return_sequences/n={n}; "
+                                 f"pass only one of them.")
+        if temperature is None:
+            temperature = self.generation_config.temperature
+        if not temperature > 0:
+            raise ValueError(f"temperature (log-prob version) must be > 0, got {temperature}.")
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}.")
+        self.temperature = float(temperature)
+        self.chunk_size = chunk_size
+        self.chat_template = chat_template
+        self.tokenizer_kwargs = {"add_special_tokens": False, **(tokenizer_kwargs or {})}
+        self._device = torch.device(device) if device is not None else None
+        self._init_common(
+            model=model, tokenizer=tokenizer, input_mode=input_mode, input_key=input_key, generate=generate,
+            pad_output=pad_output, inplace=inplace, num_samples=num_samples, return_log_probs=return_log_probs,
+            history_key=history_key, text_key=text_key, tokens_key=tokens_key, masks_key=masks_key,
+            log_probs_key=log_probs_key, batching=batching, min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size, batching_timeout=batching_timeout,
+        )
+
+    def _settings(self) -> dict[str, Any]:
+        return {**super()._settings(), "generate_kwargs": dict(self.generate_kwargs),
+                "tokenizer_kwargs": dict(self.tokenizer_kwargs), "device": self._device,
+                "chat_template": self.chat_template, "temperature": self.temperature, "chunk_size": self.chunk_size}
+
+    @property
+    def device(self) -> torch.device:
+        """Where inputs go: the ``device`` argument, else the model's parameters' device."""
+        return self._device or next(self.model.parameters()).device
+
+    # ---------------------------------------------------------------------------------------------- keys
+    def _k(self, base: NestedKey, leaf: str) -> tuple[str, ...]:
+        return (*_key(base), leaf)
+
+    def _missing(self, td: TensorDictBase, key: NestedKey, what: str) -> ValueError:
+        return ValueError(
+            f"{type(self).__name__}(input_mode={self.input_mode!r}, generate={self.generate}): the input has no "
+            f"{key!r} ({what}); keys present: {sorted(map(str, td.keys(True, True)))}. Set that key or pass "
+            f"input_key=... ."
+        )
+
+    # ---------------------------------------------------------------------------------------------- generation
+    def _prompt_inputs(self, td: TensorDictBase) -> tuple[list[Tensor], list[str] | None, list | None,
+                                                        list[Tensor] | None]:
+        """Per-row prompt ids, prompt texts, prompt Histories and prompt assistant masks."""
+        key = self.input_key
+        if self.input_mode == "history":
+            hist = td.get(key, None)
+            if hist is None:
+                raise self._missing(td, key, "prompt History [B, n_messages]")
+            rows = list(hist.unbind(0))
+            ids, texts, masks = [], [], []
+            for h in rows:
+                kw = dict(chat_template=self.chat_template, add_generation_prompt=True)
+                texts.append(h.apply_chat_template(self.tokenizer, tokenize=False, **kw))
+                has_assistant = "assistant" in list(h.role)
+                enc = h.apply_chat_template(self.tokenizer, return_assistant_tokens_mask=has_assistant, **kw)
+                ids.append(enc["input_ids"].long())
+                am = enc["assistant_masks"] if has_assistant else torch.zeros(ids[-1].numel(), dtype=torch.bool)
+                masks.append(am.bool())
+            return ids, texts, rows, masks
+        if self.input_mode == "text":
+            texts = read_strings(td, key)
+            if texts is None:
+                raise self._missing(td, key, "prompt strings")
+            return [self._encode(t) for t in texts], texts, None, None
+        ids = read_rows(td, key)
+        if ids is None:
+            raise self._missing(td, key, "prompt ids, 1-D per row")
+        return [r.long() for r in ids], None, None, None
+
+    def _encode(self, text: str) -> Tensor:
+        return torch.as_tensor(self.tokenizer(text, **self.tokenizer_kwargs)["input_ids"], dtype=torch.long)
+
+    def _decode(self, ids: Tensor) -> str:
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+
+    def _generate(self, td: TensorDictBase) -> tuple[dict, int | None]:
+        prompts, texts, hists, prompt_am = self._prompt_inputs(td)
+        n = self.num_samples or 1
+
+        def rep(rows: list | None) -> list | None:
+            return None if rows is None else [r for r in rows for _ in range(n)]
+
+        prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
+        dev = self.device
+        gen = generate_tokens(self.model, [p.to(dev) for p in prompts], self.generation_config, device=dev)
+        prompts = [p.to(dev) for p in prompts]
+        resp, resp_lp = gen.response_ids, gen.response_log_probs
+        full = [torch.cat([p, r]) for p, r in zip(prompts, resp)]
+        group = self.num_samples
+        pad = self.generation_config.pad_token_id
+        tok_pads = {"prompt": (pad, "left"), "response": (pad, "right"), "full": (pad, "left")}
+        res: dict[NestedKey, Any] = {}
+        res[self.tokens_key] = self._container(Tokens, {"prompt": prompts, "response": resp, "full": full},
+                                               group=group, pads=tok_pads)
+        attn = [torch.ones(f.numel(), dtype=torch.bool, device=dev) for f in full]
+        asst = None
+        if prompt_am is not None:
+            asst = [torch.cat([m.to(dev), torch.ones(r.numel(), dtype=torch.bool, device=dev)])
+                    for m, r in zip(prompt_am, resp)]
+        res[self.masks_key] = self._container(
+            Masks, {"all_attention_mask": attn, "all_assistant_mask": asst}, group=group,
+            pads={"all_attention_mask": (False, "left"), "all_assistant_mask": (False, "left")})
+        if self.return_log_probs:
+            lp_full = [torch.cat([torch.zeros(p.numel(), device=dev), lp]) for p, lp in zip(prompts, resp_lp)]
+            res[self.log_probs_key] = self._container(
+                LogProbs, {"response": resp_lp, "full": lp_full}, group=group,
+                pads={"response": (0.0, "right"), "full": (0.0, "left")})
+        truncated = gen.truncated.tolist()
+        if texts is not None:
+            resp_text = [self._decode(r) for r in resp]
+            res[self.text_key] = self._container(
+                Text, {"prompt": texts, "response": resp_text, "full": [p + r for p, r in zip(texts, resp_text)]},
+                group=group)
+        if hists is not None:
+            res[self.history_key] = self._container(
+                ChatHistory, self._histories(hists, resp, truncated), group=group)
+        trunc = gen.truncated
+        res["truncated"] = trunc if group is None else trunc.reshape(-1, group)
+        return res, group
+
+    def _histories(self, prompts: list, resp: list[Tensor], truncated: list[bool]) -> dict[str, list]:
+        from lit_llm.data.history import History
+
+        responses, fulls = [], []
+        for h, r, cut in zip(prompts, resp, truncated):
+            content = self._decode(r if cut else r[:-1])  # the stop token's text is not content; its id stays
+            msg = History.from_chats([{"role": "assistant", "content": content, "is_complete": not cut}])
+            responses.append(msg)
+            fulls.append(h.extend(msg, inplace=False))
+        return {"prompt": prompts, "response": responses, "full": fulls}
+
+    # ---------------------------------------------------------------------------------------------- log-probs
+    def _full_inputs(self, td: TensorDictBase) -> tuple[list[Tensor], list[Tensor] | None, list[int] | None]:
+        """Per-row full ids, assistant masks (history mode) and prompt lengths (when the input has ``tokens.prompt``).
+
+        ``tokens.full`` in the input wins in every mode (never re-tokenised); a dense ``[B, T]`` one is unpadded
+        with ``masks.all_attention_mask``.
+        """
+        attn_key = self._k(self.masks_key, "all_attention_mask")
+        full = read_rows(td, self._k(self.tokens_key, "full"), attention_key=attn_key)
+        asst = None
+        rendered = None
+        if full is None:
+            if self.input_mode == "history":
+                rendered = self._render_full(td)
+                full = [r[0] for r in rendered]
+                asst = [r[1] for r in rendered]
+            elif self.input_mode == "text":
+                texts = read_strings(td, self.input_key)
+                if texts is None:
+                    raise self._missing(td, self.input_key, "full strings, or tokens.full")
+                full = [self._encode(t) for t in texts]
+            else:
+                raise self._missing(td, self.input_key, "full ids, 1-D per row")
+        full = [f.long() for f in full]
+        prompt_lens = self._input_prompt_lengths(td, full)
+        if self.input_mode == "history" and asst is None:
+            asst = self._assistant_for_ids(td, full, prompt_lens)
+        return full, asst, prompt_lens
+
+    def _render_full(self, td: TensorDictBase, key: NestedKey | None = None) -> list[tuple[Tensor, Tensor]]:
+        key = key or self.input_key
+        hist = td.get(key, None)
+        if hist is None:
+            raise self._missing(td, key, "full History [B, n_messages], or tokens.full")
+        out = []
+        for h in hist.unbind(0):
+            has_assistant = "assistant" in list(h.role)
+            enc = h.apply_chat_template(self.tokenizer, chat_template=self.chat_template,
+                                        return_assistant_tokens_mask=has_assistant)
+            ids = enc["input_ids"].long()
+            mask = enc["assistant_masks"].bool() if has_assistant else torch.zeros(ids.numel(), dtype=torch.bool)
+            out.append((ids, mask))
+        return out
+
+    def _assistant_for_ids(self, td: TensorDictBase, full: list[Tensor],
+                           prompt_lens: list[int] | None) -> list[Tensor]:
+        """Assistant masks aligned to given ``tokens.full`` ids (history mode).
+
+        Order: (1) ``masks.all_assistant_mask`` of the input when its rows match the ids' lengths (the generate
+        version writes it); (2) the render of ``history.full`` when its ids start with the given ids and the rest
+        holds no assistant token (e.g. ChatML's trailing ``"\\n"``); (3) the response positions after
+        ``tokens.prompt``.
+
+        Raises:
+            ValueError: none of these applies (the message names the keys to provide).
+        """
+        given = read_rows(td, self._k(self.masks_key, "all_assistant_mask"),
+                          attention_key=self._k(self.masks_key, "all_attention_mask"))
+        if given is not None and all(g.numel() == f.numel() for g, f in zip(given, full)):
+            return [g.bool().to(f.device) for g, f in zip(given, full)]
+        out: list[Tensor] = []
+        rendered = self._render_full(td) if td.get(self.input_key, None) is not None else None
+        for b, f in enumerate(full):
+            if rendered is not None:
+                ids, mask = rendered[b]
+                n = f.numel()
+                if ids.numel() >= n and torch.equal(ids[:n].to(f.device), f) and not bool(mask[n:].any()):
+                    out.append(mask[:n].to(f.device))
+                    continue
+            if prompt_lens is not None:
+                m = torch.zeros(f.numel(), dtype=torch.bool, device=f.device)
+                m[prompt_lens[b]:] = True
+                out.append(m)
+                continue
+            raise ValueError(
+                f"{type(self).__name__}: row {b}: cannot align an assistant mask with the given tokens.full (its ids "
+                f"differ from the render of {self.input_key!r}). Pass masks.all_assistant_mask or tokens.prompt "
+                f"with tokens.full (the generate version's output has both)."
+            )
+        return out
+
+    def _input_prompt_lengths(self, td: TensorDictBase, full: list[Tensor]) -> list[int] | None:
+        """Prompt lengths from ``tokens.prompt`` (checked to be a prefix of each full row), or ``None``."""
+        key = self._k(self.tokens_key, "prompt")
+        dense_padded = False
+        try:
+            value = td.get(key, None)
+            dense_padded = isinstance(value, Tensor) and bool(
+                torch.as_tensor(td.get(self._k(self.tokens_key, "padded"), False)).all())
+        except Exception:  # a ragged lazy stack cannot be stacked: unpadded rows
+            dense_padded = False
+        rows = read_rows(td, key)
+        if rows is None:
+            return None
+        out = []
+        for b, (p, f) in enumerate(zip(rows, full)):
+            p = p.to(f.device)
+            if dense_padded:
+                out.append(_unpad_left_prefix(p, f, b))
+                continue
+            check_prefix(p, f, template_name=f"tokens.prompt vs tokens.full (row {b})")
+            out.append(p.numel())
+        return out
+
+    def _prompt_lengths(self, td: TensorDictBase, full_rows: list[Tensor]) -> list[int]:
+        lens = self._input_prompt_lengths(td, full_rows)
+        if lens is not None:
+            return lens
+        if self.input_mode != "history" or td.get(self.input_key, None) is None:
+            raise ValueError(f"get_sft_dist: the prompt length is unknown: pass {self._k(self.tokens_key, 'prompt')} "
+                             f"with tokens.full, or use input_mode='history' with {self.input_key!r}.")
+        lens = []
+        for b, (h, f) in enumerate(zip(td.get(self.input_key).unbind(0), full_rows)):
+            roles = list(h.role)
+            last = max(i for i, r in enumerate(roles) if r != "<none>")
+            p = h[:last].apply_chat_template(self.tokenizer, chat_template=self.chat_template,
+                                             add_generation_prompt=True, return_dict=False)
+            name = template_display_name(self.chat_template)
+            check_prefix(p.to(f.device), f, template_name=f"{name} (row {b})")
+            lens.append(p.numel())
+        return lens
+
+    def _padded_full(self, full: list[Tensor]) -> tuple[Tensor, Tensor]:
+        dev = self.device
+        ids = pad_rows([f.to(dev) for f in full], self.generation_config.pad_token_id, side="left")
+        attn = pad_rows([torch.ones(f.numel(), dtype=torch.bool, device=dev) for f in full], False, side="left")
+        return ids, attn
+
+    def _log_probs(self, td: TensorDictBase) -> tuple[dict, None]:
+        full, asst, prompt_lens = self._full_inputs(td)
+        ids, attn = self._padded_full(full)
+        lp = model_token_log_probs(self.model, ids, attn, temperature=self.temperature, chunk_size=self.chunk_size)
+        lp_rows = [row[m] for row, m in zip(lp.unbind(0), attn.unbind(0))]
+        full = [f.to(self.device) for f in full]
+        pad = self.generation_config.pad_token_id
+        tok = {"full": full, "prompt": None, "response": None}
+        lps = {"full": lp_rows, "prompt": None, "response": None}
+        if prompt_lens is not None:
+            tok["prompt"] = [f[:p] for f, p in zip(full, prompt_lens)]
+            tok["response"] = [f[p:] for f, p in zip(full, prompt_lens)]
+            lps["prompt"] = [x[:p] for x, p in zip(lp_rows, prompt_lens)]
+            lps["response"] = [x[p:] for x, p in zip(lp_rows, prompt_lens)]
+        res: dict[NestedKey, Any] = {
+            self.tokens_key: self._container(
+                Tokens, tok, pads={"prompt": (pad, "left"), "response": (pad, "right"), "full": (pad, "left")}),
+            self.masks_key: self._container(
+                Masks, {"all_attention_mask": [torch.ones_like(f, dtype=torch.bool) for f in full],
+                        "all_assistant_mask": None if asst is None else [a.to(self.device) for a in asst]},
+                pads={"all_attention_mask": (False, "left"), "all_assistant_mask": (False, "left")}),
+            self.log_probs_key: self._container(
+                LogProbs, lps, pads={"prompt": (0.0, "left"), "response": (0.0, "right"), "full": (0.0, "left")}),
+        }
+        return res, None
+
+    def _forward_impl(self, td: TensorDictBase, **kwargs: Any) -> tuple[dict, int | None]:
+        if kwargs:
+            raise TypeError(f"{type(self).__name__}.forward: unexpected keyword arguments {sorted(kwargs)}.")
+        return self._generate(td) if self.generate else self._log_probs(td)
+
+    def _aligned_logits(self, td: TensorDictBase) -> TensorDictBase:
+        full, asst, _ = self._full_inputs(td)
+        ids, attn = self._padded_full(full)
+        position_ids = (attn.long().cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=ids, attention_mask=attn.long(), position_ids=position_ids).logits.float()
+        logits = logits / self.temperature
+        aligned = torch.cat([torch.zeros_like(logits[:, :1]), logits[:, :-1]], dim=1)
+        scored = attn & (attn.long().cumsum(-1) > 1)
+        aligned = aligned * scored.unsqueeze(-1)
+        batch = [len(full)]
+        masks = Masks(all_attention_mask=attn, padded=True, batch_size=batch,
+                      all_assistant_mask=None if asst is None else pad_rows(
+                          [a.to(self.device) for a in asst], False, side="left"))
+        return TensorDict({"logits": aligned, self.tokens_key: Tokens(full=ids, padded=True, batch_size=batch),
+                           self.masks_key: masks}, batch_size=batch)
+
+
+def _unpad_left_prefix(prompt_row: Tensor, full_row: Tensor, row: int) -> int:
+    """Length of the real prompt in a left-padded dense ``prompt_row``: the longest suffix that is a prefix of
+    ``full_row`` (padding cannot be read from ids, as pad == eos; a row whose prompt starts with the pad id is
+    only ambiguous when the pad run also matches, and the longest match is taken).
+
+    Raises:
+        ValueError: no suffix matches (pass unpadded tokens).
+    """
+    width = prompt_row.numel()
+    matches = [p for p in range(1, min(width, full_row.numel()) + 1)
+               if torch.equal(prompt_row[width - p:], full_row[:p])]
+    if not matches:
+        raise ValueError(f"row {row}: the left-padded tokens.prompt is not a prefix of tokens.full; pass unpadded "
+                         f"tokens (pad_output=False).")
+    return max(matches)
+
