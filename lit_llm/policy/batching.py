@@ -1,44 +1,507 @@
-"""Threaded batcher (issue 4). INTERFACE PLACEHOLDER: the batching helper replaces the internals.
+"""Threaded batcher: many concurrent callers of one policy served in shared forward passes (issue 4).
 
-Contract used by :class:`lit_llm.policy.common.LLMWrapperBase`:
+:class:`BatchingMixin` is inherited by :class:`lit_llm.policy.common.LLMWrapperBase`. With batching on, each call of
+``forward`` splits its tensordict into rows (batch element ``[]`` items), queues them, and waits; a single worker
+thread stacks queued rows from all callers (``tensordict.lazy_stack``, so ragged rows are fine), calls the wrapped
+function once per shared batch, splits the output with ``unbind(0)`` and hands every caller exactly its own rows, in
+its own order.
+
+Scheduling rules (rows = batch elements, counted before ``num_samples``):
+
+* a batch runs as soon as ``min_batch_size`` compatible rows wait;
+* a batch never holds more than ``max_batch_size`` rows (``None``: no limit); a bigger request is split over several
+  batches and reassembled;
+* a row that has waited ``batching_timeout`` seconds is run with whatever compatible rows are queued, so a caller
+  returns after at most the timeout plus the batches in flight;
+* rows are *compatible* when they come from the same function (compared with ``==``: pass a bound method, not a
+  fresh closure per call) with equal keyword arguments and have the same structure (batch shape, keys, tensor
+  dtypes, ndims and devices; lengths may differ). Incompatible rows never share a batch:
+  each kind runs in its own batches, so one caller's odd input cannot fail another caller;
+* the function runs on the worker thread only, never on two threads at once.
+
+Errors: an exception raised by the function reaches every caller with rows in that batch (a same-type copy carrying
+the original traceback, chained ``from`` the original) and nobody else; the worker keeps serving. A request whose own
+rows cannot be stacked together is rejected in the caller's thread with :class:`BatchingInputError`.
+
+Contract used by :class:`~lit_llm.policy.common.LLMWrapperBase`:
 
 - ``self._init_batching(batching, min_batch_size, max_batch_size, batching_timeout)`` in ``__init__``;
-- ``self._run_maybe_batched(tensordict, fn, **kwargs)`` in ``forward``: calls ``fn(tensordict, **kwargs)`` directly when
-  batching is off; when on, queues the rows of ``tensordict`` (batch_dims 0 or 1) and runs ``fn`` on shared stacked
-  batches, returning exactly this caller's rows;
-- ``cleanup_batching(flush=False)``, ``get_batching_state()``, property ``batching``;
-- ``_batching_settings()`` returns the kwargs that ``get_new_version`` passes on to a new wrapper.
+- ``self._run_maybe_batched(tensordict, fn, **kwargs)`` in ``forward``;
+- ``cleanup_batching(flush=False)``, ``get_batching_state()``, property ``batching`` (settable);
+- ``_batching_settings()``: the kwargs ``get_new_version`` passes to the new wrapper;
+  ``new._adopt_batching_state(old)``: make the new wrapper share ``old``'s queue and worker (only when asked).
 """
 
 from __future__ import annotations
 
+import copy
+import math
+import threading
+import time
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BatchingMixin"]
+import torch
+from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDictBase, is_tensorclass, lazy_stack
+
+__all__ = ["BatchingCancelledError", "BatchingInputError", "BatchingMixin"]
+
+
+class BatchingCancelledError(RuntimeError):
+    """A queued request was dropped by ``cleanup_batching(flush=False)`` before it ran."""
+
+
+class BatchingInputError(ValueError):
+    """A request the batcher cannot queue: wrong ``batch_dims``, no rows, or rows that cannot be stacked."""
+
+
+# ------------------------------------------------------------------------------------------------------- helpers
+def _signature(obj: Any) -> tuple:
+    """Hashable structure of one row: keys, classes and, per tensor, dtype/ndim/device (lengths may differ)."""
+    if isinstance(obj, torch.Tensor):
+        return ("tensor", obj.dtype, obj.ndim, obj.device)
+    if is_tensorclass(obj):
+        return (type(obj).__name__, _signature(obj._tensordict))
+    if isinstance(obj, TensorDictBase):
+        if isinstance(obj, (NonTensorData, NonTensorStack)):
+            return ("non-tensor",)
+        return ("td", tuple(sorted((str(k), _signature(v)) for k, v in obj.items())))
+    return ("other", type(obj).__name__)
+
+
+def _describe_mismatch(a: tuple, b: tuple) -> str:
+    """A short human description of how two row signatures differ (keys first)."""
+    if a[0] == "td" and b[0] == "td":
+        ka, kb = dict(a[1]), dict(b[1])
+        if ka.keys() != kb.keys():
+            return f"keys {sorted(ka)} vs {sorted(kb)}"
+        for k in ka:
+            if ka[k] != kb[k]:
+                return f"key {k!r}: {_describe_mismatch(ka[k], kb[k])}"
+    if a[0] == b[0] and len(a) == 2 and len(b) == 2 and isinstance(a[1], tuple) and isinstance(b[1], tuple):
+        return _describe_mismatch(a[1], b[1])
+    return f"{a} vs {b}"
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b) or isinstance(a, torch.Tensor):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a usable __eq__ never share a batch
+        return False
+
+
+def _reraise(exc: BaseException, tb: Any, n_rows: int, n_callers: int) -> None:
+    """Raise a copy of ``exc`` (same type and message) with the worker's traceback, chained from the original.
+
+    Each caller gets its own copy so that concurrent re-raises never mutate one shared traceback; an exception that
+    cannot be copied is re-raised as is.
+    """
+    try:
+        err = copy.copy(exc)
+    except Exception:  # noqa: BLE001 - un-copyable exception
+        err = None
+    if err is None or type(err) is not type(exc):
+        raise exc.with_traceback(tb)
+    note = f"raised by the batching worker on a shared batch of {n_rows} row(s) from {n_callers} caller(s)"
+    err.__notes__ = [*getattr(exc, "__notes__", []), note]
+    raise err.with_traceback(tb) from exc
+
+
+@dataclass(eq=False)
+class _Request:
+    """One caller's call: its rows, the function and kwargs, and where the results go."""
+
+    rows: list[TensorDictBase]
+    fn: Callable
+    kwargs: dict[str, Any]
+    signature: tuple
+    deadline: float
+    solo: bool = False  # run alone, unsplit, on the caller's own tensordict (``_run_exclusive``)
+    results: list[Any] = field(default_factory=list)
+    remaining: int = 0
+    error: BaseException | None = None
+    error_tb: Any = None
+    error_batch: tuple[int, int] = (0, 0)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.results = [None] * len(self.rows)
+        self.remaining = len(self.rows)
+
+    def compatible(self, other: _Request) -> bool:
+        if self.solo or other.solo or self.signature != other.signature or self.fn != other.fn:
+            return False
+        return self.kwargs.keys() == other.kwargs.keys() and all(
+            _same_value(v, other.kwargs[k]) for k, v in self.kwargs.items())
+
+    def fail(self, exc: BaseException, tb: Any = None, batch: tuple[int, int] = (0, 0)) -> None:
+        if not self.done.is_set():
+            self.error, self.error_tb, self.error_batch = exc, tb, batch
+            self.done.set()
+
+
+class _Batcher:
+    """Queue + worker thread shared by one wrapper (or by several versions when asked).
+
+    Args:
+        min_batch_size: rows that trigger a batch (>= 1).
+        max_batch_size: most rows per call of the function (``None``: no limit).
+        timeout: seconds a row may wait before it runs with whatever is queued (> 0, finite).
+    """
+
+    def __init__(self, min_batch_size: int, max_batch_size: int | None, timeout: float) -> None:
+        self.min_batch_size, self.max_batch_size, self.timeout = min_batch_size, max_batch_size, timeout
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[tuple[_Request, int]] = []  # (request, row index), FIFO
+        self._thread: threading.Thread | None = None
+        self._stop = False  # worker: run everything queued regardless of min size/deadline, then exit
+        self._processing = 0  # rows in the batch being run
+        self.batches_run = 0
+        self.rows_run = 0
+
+    def __reduce__(self):  # deepcopy / pickle give a fresh, idle batcher with the same settings
+        return (_Batcher, (self.min_batch_size, self.max_batch_size, self.timeout))
+
+    # -------------------------------------------------------------------------------------------- caller side
+    def submit(self, request: _Request) -> None:
+        with self._cond:
+            self._queue.extend((request, i) for i in range(len(request.rows)))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._worker, name="lit_llm-batching-worker", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def is_worker_thread(self) -> bool:
+        return self._thread is threading.current_thread()
+
+    def shutdown(self, *, flush: bool, wait: bool = True) -> None:
+        """Stop the worker; cancel (``flush=False``) or run (``flush=True``) what is queued; optionally join."""
+        with self._cond:
+            if not flush:
+                exc = BatchingCancelledError(
+                    "batching cleaned up: cleanup_batching(flush=False) dropped this request before it ran; call the "
+                    "wrapper again, or use cleanup_batching(flush=True) to run queued requests instead.")
+                for req, _ in self._queue:
+                    req.fail(exc)
+                self._queue.clear()
+            thread = self._thread
+            if thread is None:
+                return
+            self._stop = True
+            self._cond.notify_all()
+        if wait and thread is not threading.current_thread():
+            thread.join()
+
+    def state(self) -> dict[str, Any]:
+        with self._cond:
+            return {
+                "queue_size": len(self._queue),
+                "pending_requests": len({id(r) for r, _ in self._queue}),
+                "processing": self._processing > 0,
+                "processing_rows": self._processing,
+                "worker_alive": self._thread is not None and self._thread.is_alive(),
+                "batches_run": self.batches_run,
+                "rows_run": self.rows_run,
+            }
+
+    # -------------------------------------------------------------------------------------------- worker side
+    def _next_batch(self, now: float) -> list[tuple[_Request, int]] | float:
+        """Under the lock: pop the next ready batch, or return the seconds until one may become ready."""
+        groups: list[list[tuple[_Request, int]]] = []
+        for item in self._queue:
+            for g in groups:
+                if g[0][0] is item[0] or g[0][0].compatible(item[0]):
+                    g.append(item)
+                    break
+            else:
+                groups.append([item])
+        for g in groups:  # FIFO: groups are ordered by their oldest row
+            if self._stop or g[0][0].solo or len(g) >= self.min_batch_size or g[0][0].deadline <= now:
+                batch = g if g[0][0].solo else g[: self.max_batch_size]
+                taken = {(id(r), i) for r, i in batch}
+                self._queue = [it for it in self._queue if (id(it[0]), it[1]) not in taken]
+                return batch
+        return max(min(g[0][0].deadline for g in groups) - now, 0.0)
+
+    def _worker(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # never leave a caller blocked if the worker dies
+            with self._cond:
+                for req, _ in self._queue:
+                    req.fail(exc, exc.__traceback__)
+                self._queue.clear()
+                self._stop, self._thread = False, None
+            raise
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    self._queue = [it for it in self._queue if not it[0].done.is_set()]  # drop failed requests' rows
+                    if not self._queue:
+                        if self._stop:
+                            self._stop, self._thread = False, None
+                            self._cond.notify_all()
+                            return
+                        self._cond.wait()
+                        continue
+                    batch = self._next_batch(time.monotonic())
+                    if isinstance(batch, list):
+                        break
+                    self._cond.wait(timeout=batch)
+                self._processing = len(batch)
+            try:
+                self._run(batch)
+            finally:
+                with self._cond:
+                    self._processing = 0
+                    self.batches_run += 1
+                    self.rows_run += len(batch)
+                del batch
+
+    def _run(self, batch: list[tuple[_Request, int]]) -> None:
+        requests = list({id(r): r for r, _ in batch}.values())
+        live = [(r, i) for r, i in batch if not r.done.is_set()]
+        if not live:
+            return
+        head = live[0][0]
+        if head.solo:
+            try:
+                head.results[0] = head.fn(head.rows[0], **head.kwargs)
+            except BaseException as exc:  # noqa: BLE001 - delivered to its caller
+                head.fail(exc, exc.__traceback__, (len(head.rows), 1))
+                if not isinstance(exc, Exception):
+                    raise
+            head.done.set()
+            return
+        try:
+            stacked = lazy_stack([r.rows[i] for r, i in live])
+            out = head.fn(stacked, **head.kwargs)
+            if not isinstance(out, TensorDictBase) and not is_tensorclass(out):
+                raise TypeError(f"batched function {head.fn!r} returned {type(out).__name__}; expected a tensordict")
+            if out.batch_dims < 1 or out.batch_size[0] != len(live):
+                raise RuntimeError(
+                    f"batched function {head.fn!r} returned batch_size={list(out.batch_size)} for a stacked input of "
+                    f"{len(live)} rows; it must return one output row (leading dim) per input row.")
+            rows_out = [stacked.tensordicts[k] for k in range(len(live))] if out is stacked else out.unbind(0)
+        except BaseException as exc:  # noqa: BLE001 - delivered to the callers of this batch only
+            for r in requests:
+                r.fail(exc, exc.__traceback__, (len(live), len(requests)))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (r, i), row in zip(live, rows_out):
+            r.results[i] = row
+            r.remaining -= 1
+            if r.remaining == 0 and not r.done.is_set():
+                r.done.set()
+
+
+def _check_batch_size(name: str, value: int | None, *, minimum: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} (or None), got {value!r}.")
 
 
 class BatchingMixin:
+    """Adds threaded batching to a ``TensorDictModuleBase`` (see the module docstring for the semantics).
+
+    The host class calls :meth:`_init_batching` in ``__init__`` and routes ``forward`` through
+    :meth:`_run_maybe_batched`.
+    """
+
     def _init_batching(self, batching: bool | None, min_batch_size: int | None, max_batch_size: int | None,
                        batching_timeout: float = 10.0) -> None:
-        self._batching = bool(batching) or min_batch_size is not None or max_batch_size is not None
-        self._min_batch_size = min_batch_size if min_batch_size is not None else (1 if self._batching else None)
-        self._max_batch_size = max_batch_size
-        self._batching_timeout = batching_timeout
+        """Validate and store the batching settings.
+
+        Args:
+            batching: ``True``/``False`` turns batching on/off; ``None`` turns it on iff ``min_batch_size`` or
+                ``max_batch_size`` is given.
+            min_batch_size: rows that trigger a shared forward pass (default 1 when batching).
+            max_batch_size: most rows per forward pass (default ``None``: no limit). Must be >= ``min_batch_size``.
+            batching_timeout: seconds (float > 0, finite) a row waits for ``min_batch_size`` rows before it runs
+                with whatever is queued.
+
+        Raises:
+            ValueError: a size that is not a positive integer, ``max_batch_size < min_batch_size``, or a timeout
+                that is not a positive finite number.
+        """
+        _check_batch_size("min_batch_size", min_batch_size, minimum=1)
+        _check_batch_size("max_batch_size", max_batch_size, minimum=1)
+        if min_batch_size is not None and max_batch_size is not None and max_batch_size < min_batch_size:
+            raise ValueError(f"max_batch_size={max_batch_size} is smaller than min_batch_size={min_batch_size}; a "
+                             f"batch could never start. Raise max_batch_size or lower min_batch_size.")
+        if (isinstance(batching_timeout, bool) or not isinstance(batching_timeout, (int, float))
+                or not math.isfinite(batching_timeout) or batching_timeout <= 0):
+            raise ValueError(f"batching_timeout must be a positive finite number of seconds, got {batching_timeout!r}.")
+        if batching is None:
+            batching = min_batch_size is not None or max_batch_size is not None
+        self._min_batch_size, self._max_batch_size = min_batch_size, max_batch_size
+        self._batching_timeout = float(batching_timeout)
+        self._batcher: _Batcher | None = None
+        self.batching = bool(batching)
+
+    def _new_batcher(self) -> _Batcher:
+        batcher = _Batcher(self._min_batch_size or 1, self._max_batch_size, self._batching_timeout)
+        # Garbage collection of the wrapper lets the worker exit once idle (never joins: may run on any thread).
+        self._batching_finalizer = weakref.finalize(self, batcher.shutdown, flush=True, wait=False)
+        return batcher
 
     @property
     def batching(self) -> bool:
-        return self._batching
+        """Whether calls are queued and served in shared batches. Setting it to ``False`` first runs what is queued
+        (``cleanup_batching(flush=True)``); setting it to ``True`` starts a fresh queue (the worker starts on the
+        first call)."""
+        return self._batcher is not None
+
+    @batching.setter
+    def batching(self, value: bool) -> None:
+        if value and self._batcher is None:
+            self._batcher = self._new_batcher()
+        elif not value and self._batcher is not None:
+            batcher, self._batcher = self._batcher, None
+            self._batching_finalizer.detach()
+            batcher.shutdown(flush=True)
 
     def _batching_settings(self) -> dict[str, Any]:
-        return dict(batching=self._batching, min_batch_size=self._min_batch_size, max_batch_size=self._max_batch_size,
+        """The constructor kwargs that carry these batching settings over to a new version (not the queue).
+
+        When batching is off this gives ``batching=None`` and no sizes, so ``get_new_version(min_batch_size=8)``
+        turns batching on in the new version.
+        """
+        if not self.batching:
+            return dict(batching=None, min_batch_size=None, max_batch_size=None,
+                        batching_timeout=self._batching_timeout)
+        return dict(batching=True, min_batch_size=self._min_batch_size, max_batch_size=self._max_batch_size,
                     batching_timeout=self._batching_timeout)
 
-    def _run_maybe_batched(self, tensordict, fn: Callable, **kwargs):
-        return fn(tensordict, **kwargs)
+    def _adopt_batching_state(self, other: BatchingMixin) -> None:
+        """Share ``other``'s queue and worker (``get_new_version(..., share_batching_state=True)``).
+
+        Both wrappers then feed one worker, so their functions never run at the same time (they share the model).
+        Requests of different versions never share a batch (different functions).
+
+        Raises:
+            ValueError: ``other`` has batching off, or this wrapper's settings differ from ``other``'s.
+        """
+        if other._batcher is None:
+            raise ValueError("share_batching_state=True: the source wrapper has batching off, so there is no batching "
+                             "state to share; turn batching on, or pass share_batching_state=False.")
+        mine, theirs = self._batching_settings(), other._batching_settings()
+        if mine != theirs:
+            raise ValueError(f"share_batching_state=True needs the same batching settings on both versions, got "
+                             f"{mine} vs {theirs}; drop the batching overrides or pass share_batching_state=False.")
+        if self._batcher is not other._batcher:
+            self.batching = False
+            self._batcher = other._batcher
+            self._batching_finalizer = weakref.finalize(self, other._batcher.shutdown, flush=True, wait=False)
+
+    def _run_maybe_batched(self, tensordict: TensorDictBase, fn: Callable[..., TensorDictBase],
+                           **kwargs: Any) -> TensorDictBase:
+        """Call ``fn(tensordict, **kwargs)`` directly, or through the shared queue when batching is on.
+
+        Args:
+            tensordict: the input, ``batch_dims`` 0 (one row) or 1 (``[B]`` rows; dense or lazily stacked, ragged
+                entries allowed). Higher ``batch_dims`` (e.g. ``[B, n]`` for the log-prob version) are split along
+                the leading dim too; such rows only share batches with rows of the same shape.
+            fn: the unbatched forward: takes a ``[N]`` lazy stack of rows and returns a tensordict whose leading
+                batch dim is ``N`` (e.g. ``[N]``, or ``[N, n]`` with ``num_samples=n``). It may write into its input
+                and return it (in-place wrappers).
+            **kwargs: passed to ``fn``; only calls with equal kwargs share a batch.
+
+        Returns:
+            With batching off, whatever ``fn`` returns. With batching on: for ``batch_dims`` 0, this row's output
+            (``[]``, or ``[n]`` with ``num_samples``) — the input object itself when ``fn`` works in place; for
+            ``batch_dims`` 1, a ``[B, ...]`` lazy stack of this caller's output rows in input order (the input object
+            itself when it is a lazy stack and ``fn`` works in place; a dense ``[B]`` input is never modified).
+
+        Raises:
+            BatchingInputError: an empty ``[0]`` batch, or rows with different structures.
+            BatchingCancelledError: ``cleanup_batching(flush=False)`` dropped the request before it ran.
+            Exception: whatever ``fn`` raised on a batch holding this caller's rows (same type and message, the
+                original traceback, ``__cause__`` = the original exception).
+        """
+        batcher = self._batcher
+        if batcher is None or batcher.is_worker_thread():  # re-entrant call from fn itself: run inline
+            return fn(tensordict, **kwargs)
+        if not isinstance(tensordict, TensorDictBase) and not is_tensorclass(tensordict):
+            raise BatchingInputError(f"batching: expected a TensorDict input, got {type(tensordict).__name__}.")
+        single = tensordict.batch_dims == 0
+        if not single and tensordict.batch_size[0] == 0:
+            raise BatchingInputError("batching: input has batch_size=[0] (no rows); pass at least one row.")
+        rows = [tensordict] if single else list(tensordict.unbind(0))
+        sigs = [(tuple(r.batch_size), _signature(r)) for r in rows]
+        for k, s in enumerate(sigs[1:], start=1):
+            if s != sigs[0]:
+                raise BatchingInputError(
+                    f"batching: input rows 0 and {k} cannot be stacked together ({_describe_mismatch(sigs[0], s)}); "
+                    f"every row of one call needs the same keys and tensor dtypes/ndims. Split the call or make the "
+                    f"rows uniform.")
+        request = _Request(rows, fn, kwargs, sigs[0], time.monotonic() + batcher.timeout)
+        batcher.submit(request)
+        request.done.wait()
+        if request.error is not None:
+            _reraise(request.error, request.error_tb, *request.error_batch)
+        results = request.results
+        if single:
+            return results[0]
+        if isinstance(tensordict, LazyStackedTensorDict) and tensordict.stack_dim == 0 and all(
+                a is b for a, b in zip(results, tensordict.tensordicts)):
+            return tensordict
+        return lazy_stack(results)
+
+    def _run_exclusive(self, tensordict: TensorDictBase, fn: Callable[..., TensorDictBase],
+                       **kwargs: Any) -> TensorDictBase:
+        """Call ``fn(tensordict, **kwargs)`` alone: on the worker when batching is on (so it never overlaps a shared
+        batch), inline otherwise. For calls whose output depends on the whole batch (``logits_only`` padded to the
+        batch's longest row, a caller-provided ``tensordict_out``) and must not be merged with other callers.
+
+        Returns:
+            Exactly what ``fn`` returns.
+
+        Raises:
+            BatchingCancelledError: ``cleanup_batching(flush=False)`` dropped the request before it ran.
+            Exception: whatever ``fn`` raised (a same-type copy with the original traceback, chained from it).
+        """
+        batcher = self._batcher
+        if batcher is None or batcher.is_worker_thread():
+            return fn(tensordict, **kwargs)
+        request = _Request([tensordict], fn, kwargs, (), time.monotonic(), solo=True)
+        batcher.submit(request)
+        request.done.wait()
+        if request.error is not None:
+            _reraise(request.error, request.error_tb, *request.error_batch)
+        return request.results[0]
 
     def cleanup_batching(self, flush: bool = False) -> None:
-        pass
+        """Empty the queue and stop the worker thread; batching stays on (the next call starts a new worker).
+
+        Args:
+            flush: ``True`` runs everything queued first (callers get real results); ``False`` fails every queued
+                caller at once with :class:`BatchingCancelledError` ("batching cleaned up"). A batch already running
+                always completes. Returns once the worker has exited.
+        """
+        if self._batcher is not None:
+            self._batcher.shutdown(flush=flush)
 
     def get_batching_state(self) -> dict[str, Any]:
-        return {"batching_enabled": self._batching, "queue_size": 0}
+        """Monitoring snapshot.
+
+        Returns:
+            ``{"batching_enabled": False}`` when off; otherwise also ``min_batch_size``, ``max_batch_size``,
+            ``batching_timeout`` (s), ``queue_size`` (rows waiting), ``pending_requests`` (callers with queued rows),
+            ``processing`` (bool), ``processing_rows``, ``worker_alive``, ``batches_run``, ``rows_run``.
+        """
+        if self._batcher is None:
+            return {"batching_enabled": False}
+        b = self._batcher
+        return {"batching_enabled": True, "min_batch_size": b.min_batch_size, "max_batch_size": b.max_batch_size,
+                "batching_timeout": b.timeout, **b.state()}
