@@ -159,11 +159,9 @@ def tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, num_hea
         max_position_embeddings=max_position_embeddings, bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
         pad_token_id=pad, tie_word_embeddings=True,
     )
-    gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    del gen
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
                                                pad_token_id=pad)
     model.to(dtype)

@@ -49,11 +49,6 @@ STOP_STRINGS = (
 )
 """End-of-turn texts of common template families (the tokenizer's ``eos_token`` is added at run time)."""
 
-# Private-use characters: never whitespace, never changed by Jinja filters, absent from real content.
-_END_MARK = "\ue000"
-_START_MARK = "\ue001"
-_PROBE_USER = "\ue002"
-
 
 class History(TensorClass["nocast"]):
     """Chat messages, batched as ``[n_messages]`` or ``[B, n_messages]`` (TorchRL's ``History``).
@@ -139,8 +134,8 @@ class History(TensorClass["nocast"]):
                 f"History.from_chats: {where} has unknown key(s) {unknown}; allowed keys are {list(MESSAGE_KEYS)}. "
                 f"Drop the extra keys or fold them into 'content'."
             )
-        _check_role(m["role"], where, allow_pad=True)
-        _check_content(m["content"], where)
+        _check_role(m["role"], f"History.from_chats: {where}", allow_pad=True)
+        _check_content(m["content"], f"History.from_chats: {where}")
         is_complete = m.get("is_complete", True)
         if not isinstance(is_complete, bool):
             raise InvalidConversationError(
@@ -363,10 +358,13 @@ def _assistant_spans(
       opened by its generation prompt), the span starts after the longest prefix of the generation prompt
       (``T(messages[:i], gp=True)`` minus ``T(messages[:i], gp=False)``) found in ``F`` between the previous
       span's end and the start of message ``i``'s content: the part of the generation prompt the full render
-      agrees with is prompt, the rest of the turn is generated.
-    * content end: message ``i`` is rendered with a private-use marker appended to its content; the text after
-      the marker is the template's text after the content, so the content ends ``len(that text)`` before the
-      end of ``F`` (exact even when the template trims or rewrites the content, e.g. Qwen3 dropping old reasoning).
+      agrees with is prompt, the rest of the turn is generated. When the template cannot render ``messages[:i]``
+      at all (Qwen3 on an empty list, for a conversation opening with an assistant message), the generation prompt
+      is taken from a one-user-message probe conversation instead.
+    * content end: message ``i`` is rendered with a private-use marker (one absent from the conversation, the
+      template and its variables) appended to its content; the text after the marker is the template's text after
+      the content, so the content ends ``len(that text)`` before the end of ``F`` (exact even when the template
+      trims or rewrites the content, e.g. Qwen3 dropping old reasoning).
     * end: the end-of-turn text is the common prefix of the text after the content in ``F``, in
       ``T(messages[:i+1])`` and in ``T(messages[:i+1] + [probe user message])`` (this drops a document-end token
       such as Phi-3.5's final ``eos_token``). The span ends after the last stop string (:data:`STOP_STRINGS` or
@@ -390,14 +388,15 @@ def _assistant_spans(
         return renderer.render_with_generation_indices(messages, add_generation_prompt)
     full = renderer.render(messages, add_generation_prompt)
     stops = tuple(dict.fromkeys((*STOP_STRINGS, *([renderer.eos] if renderer.eos else []))))
+    start_mark, end_mark, probe_user = _markers(renderer, messages)
     spans: list[tuple[int, int]] = []
     prev_end = 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        probe = dict(m, content=_START_MARK + m["content"] + _END_MARK)
+        probe = dict(m, content=start_mark + m["content"] + end_mark)
         full_probe = renderer.render([*messages[:i], probe, *messages[i + 1:]], add_generation_prompt)
-        mark = full_probe.find(_END_MARK, prev_end)
+        mark = full_probe.find(end_mark, prev_end)
         tail_full = full_probe[mark + 1:]
         if mark < 0 or not full.endswith(tail_full):
             raise ChatTemplateError(
@@ -406,15 +405,15 @@ def _assistant_spans(
                 f"{{% generation %}} markers for this model."
             )
         content_end = len(full) - len(tail_full)
-        content_start = full_probe.find(_START_MARK, prev_end, mark)
+        content_start = full_probe.find(start_mark, prev_end, mark)
         content_start = content_end if content_start < 0 else min(content_start, content_end)
-        start = _span_start(renderer, messages, i, full, prev_end, content_start, where)
+        start = _span_start(renderer, messages, i, full, prev_end, content_start, where, probe_user)
         # End-of-turn text: what follows the content in every continuation of the turn.
         last = renderer.render([*messages[:i], probe], False)
-        tails = [tail_full, last[last.rfind(_END_MARK) + 1:]]
+        tails = [tail_full, last[last.rfind(end_mark) + 1:]]
         try:
-            nxt = renderer.render([*messages[:i], probe, {"role": "user", "content": _PROBE_USER}], False)
-            tails.append(nxt[nxt.rfind(_END_MARK) + 1:])
+            nxt = renderer.render([*messages[:i], probe, {"role": "user", "content": probe_user}], False)
+            tails.append(nxt[nxt.rfind(end_mark) + 1:])
         except ChatTemplateError:
             pass
         eot = os.path.commonprefix(tails)
@@ -431,12 +430,15 @@ def _assistant_spans(
 
 
 def _span_start(renderer: _Renderer, messages: list[dict], i: int, full: str, prev_end: int, content_start: int,
-                where: str) -> int:
+                where: str, probe_user: str) -> int:
     prompt = renderer.render(messages[:i], True, empty_ok=True)
     if prompt is not None and full.startswith(prompt) and prev_end <= len(prompt) <= content_start:
         return len(prompt)
     # The template renders this turn differently once it is followed by a reply: find the generation prompt.
     before = renderer.render(messages[:i], False, empty_ok=True)
+    if prompt is None or before is None:  # the template cannot render messages[:i] (e.g. Qwen3 on no message)
+        probe = [{"role": "user", "content": probe_user}]
+        prompt, before = renderer.render(probe, True, empty_ok=True), renderer.render(probe, False, empty_ok=True)
     gen = "" if prompt is None or before is None else prompt[len(os.path.commonprefix([prompt, before])):]
     for k in range(len(gen), 0, -1):
         pos = full.rfind(gen[:k], prev_end, content_start)
@@ -447,6 +449,24 @@ def _span_start(renderer: _Renderer, messages: list[dict], i: int, full: str, pr
         f"add_generation_prompt=True minus the one without) is not found before assistant message {i} of {where} in "
         f"the full render, so its turn cannot be delimited. Use a template with {{% generation %}} markers."
     )
+
+
+def _markers(renderer: _Renderer, messages: list[dict]) -> tuple[str, str, str]:
+    """Three private-use characters (never whitespace, never changed by Jinja filters) that occur nowhere in the
+    conversation, the template or its variables: ``(start mark, end mark, probe user content)``."""
+    used: set[str] = set()
+    stack: list[Any] = [renderer.template, messages, renderer.tools, renderer.documents, renderer.variables]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            used.update(x)
+        elif isinstance(x, Mapping):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    free = (c for c in map(chr, range(0xE000, 0xF900)) if c not in used)
+    return next(free), next(free), next(free)
 
 
 # ---------------------------------------------------------------------- rendering helpers
@@ -507,10 +527,20 @@ def _resolve_template(tokenizer: Any, chat_template: str | os.PathLike | None, t
                 f"existing .jinja file or the Jinja template text itself."
             )
         return path.read_text(encoding="utf-8"), path.name
-    if isinstance(getattr(tokenizer, "chat_template", None), dict) and chat_template in tokenizer.chat_template:
-        return tokenizer.chat_template[chat_template], chat_template
     if not isinstance(chat_template, str):
         raise ChatTemplateError(f"chat_template must be a str or a path, got {type(chat_template).__name__}.")
+    named = getattr(tokenizer, "chat_template", None)
+    named = named if isinstance(named, dict) else {}
+    if chat_template in named:
+        return named[chat_template], chat_template
+    if "{" not in chat_template:  # no Jinja tag or expression: a name or a path, never a template
+        if Path(chat_template).is_file():
+            return Path(chat_template).read_text(encoding="utf-8"), Path(chat_template).name
+        raise ChatTemplateError(
+            f"chat_template={chat_template!r} is not a Jinja template (it has no '{{'), not an existing file and not "
+            f"one of the tokenizer's named templates ({sorted(named) or 'none'}). Pass the template text, the path of "
+            f"a .jinja file, or None for the tokenizer's own template."
+        )
     return chat_template, "<inline template>"
 
 
@@ -546,8 +576,8 @@ def _validate_for_render(messages: list[dict], where: str) -> None:
             f"least one message."
         )
     for j, m in enumerate(messages):
-        _check_role(m.get("role"), f"{where}, message {j}", allow_pad=False)
-        _check_content(m.get("content"), f"{where}, message {j}")
+        _check_role(m.get("role"), f"History.apply_chat_template: {where}, message {j}", allow_pad=False)
+        _check_content(m.get("content"), f"History.apply_chat_template: {where}, message {j}")
 
 
 def _check_role(role: Any, where: str, *, allow_pad: bool) -> None:

@@ -137,6 +137,7 @@ class LLMWrapperBase(BatchingMixin, TensorDictModuleBase):
         if not generate and num_samples is not None:
             raise ValueError("num_samples is only meaningful for generate=True; the log-prob version scores the "
                              "given sequences. Drop num_samples (get_new_version(generate=False, num_samples=None)).")
+        self._user_inplace = inplace
         if inplace is None:
             inplace = num_samples is None
         if inplace not in (True, False, "empty"):
@@ -180,7 +181,8 @@ class LLMWrapperBase(BatchingMixin, TensorDictModuleBase):
         """Constructor kwargs that reproduce this wrapper (subclasses extend it)."""
         return dict(
             tokenizer=self.tokenizer, input_mode=self.input_mode, input_key=self._user_input_key,
-            generate=self.generate, pad_output=self.pad_output, inplace=self.inplace, num_samples=self.num_samples,
+            generate=self.generate, pad_output=self.pad_output, inplace=self._user_inplace,
+            num_samples=self.num_samples,
             return_log_probs=None if self.return_log_probs else False, history_key=self.history_key,
             text_key=self.text_key, tokens_key=self.tokens_key, masks_key=self.masks_key,
             log_probs_key=self.log_probs_key,
@@ -192,8 +194,11 @@ class LLMWrapperBase(BatchingMixin, TensorDictModuleBase):
         Typical use: ``policy.get_new_version(generate=False)`` gives the log-prob version of a generating policy.
         Rules: batching settings are carried over; a custom ``input_key`` ending in ``"prompt"``/``"full"`` has that
         suffix swapped when ``generate`` flips, and is reset to the default when ``input_mode`` changes (unless
-        ``input_key`` is overridden too); switching to ``generate=False`` drops ``num_samples`` and resets
-        ``inplace`` and ``return_log_probs`` to their defaults unless overridden.
+        ``input_key`` is overridden too); settings are carried over as they were passed, so defaulted ones are
+        derived again (``inplace=None`` against the new ``num_samples``; in :class:`TransformersWrapper` the log-prob
+        ``temperature`` and ``num_samples`` from overridden ``generate_kwargs``); switching to
+        ``generate=False`` drops ``num_samples`` and resets ``inplace`` and ``return_log_probs`` to their defaults
+        unless overridden.
 
         Args:
             **overrides: any constructor keyword argument (positional ``model`` is not accepted).
@@ -400,7 +405,9 @@ class LLMWrapperBase(BatchingMixin, TensorDictModuleBase):
 
         The prompt length of each row comes from ``tokens.prompt`` in the input (checked to be a prefix of
         ``tokens.full``), or in history mode from rendering ``history.full`` minus its last message with the
-        generation prompt.
+        generation prompt. When an assistant mask is known (history mode), the response ends at the last assistant
+        token of the row, so a separator the template renders after the stop token (ChatML's ``"\\n"``) is out
+        (DESIGN.md property 5), as in the datasets' ``response_mask``.
 
         Raises:
             PrefixMismatchError: the prompt ids are not a prefix of ``tokens.full`` (DESIGN.md property 2).
@@ -419,7 +426,12 @@ class LLMWrapperBase(BatchingMixin, TensorDictModuleBase):
         width = attn.shape[-1]
         pos = torch.arange(width, device=attn.device).expand_as(attn)
         start = (width - lengths) + torch.as_tensor(prompt_lens, device=attn.device)
-        return self._make_dist(out, attn & (pos >= start[:, None]), "get_sft_dist")
+        mask = attn & (pos >= start[:, None])
+        asst = out.get((*_key(self.masks_key), "all_assistant_mask"), None)
+        if asst is not None:  # end at the last assistant token (the stop token), not at a separator after it
+            last = torch.where(asst & mask, pos, torch.full_like(pos, -1)).amax(-1)
+            mask &= (pos <= last[:, None]) | (last < 0)[:, None]
+        return self._make_dist(out, mask, "get_sft_dist")
 
     def _prompt_lengths(self, td: TensorDictBase, full_rows: list[Tensor]) -> list[int]:
         raise NotImplementedError

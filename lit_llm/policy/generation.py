@@ -17,6 +17,7 @@ each step gathers the one sampled log-prob and frees the rest. The logits proces
 from __future__ import annotations
 
 import inspect
+import numbers
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ __all__ = [
     "SUPPORTED_GENERATE_KWARGS",
     "GenerationConfig",
     "GenerationOutput",
+    "check_token_ids",
     "generate_tokens",
     "pad_rows",
     "resolve_generation_config",
@@ -78,7 +80,9 @@ def standardize_generate_kwargs(generate_kwargs: dict[str, Any] | None) -> dict[
 def validate_generate_kwargs(generate_kwargs: dict[str, Any]) -> None:
     """Check standardised ``generate_kwargs``; raise on the first invalid setting.
 
-    Rules (TorchRL's ``_validate_parameter_combinations`` plus unknown keys): ``temperature >= 0``;
+    Rules (TorchRL's ``_validate_parameter_combinations`` plus unknown keys and types): ``temperature``, ``top_p``,
+    ``min_p``, ``repetition_penalty`` are real numbers (not NaN), ``top_k``, ``max_new_tokens``,
+    ``num_return_sequences`` integers, ``do_sample`` a bool; ``temperature >= 0``;
     ``0 <= top_p <= 1``; ``top_k > 0`` (``None`` = off); ``0 <= min_p <= 1``; ``repetition_penalty > 0``;
     ``max_new_tokens >= 1``; ``num_return_sequences >= 1``; an explicitly passed non-zero ``temperature`` together
     with ``do_sample=False`` is contradictory; ``do_sample=True`` with ``temperature=0`` too.
@@ -97,6 +101,16 @@ def validate_generate_kwargs(generate_kwargs: dict[str, Any]) -> None:
             f"(aliases: 'max_tokens', 'n'). Remove them or use transformers directly."
         )
     g = generate_kwargs.get
+    for key in ("temperature", "top_p", "min_p", "repetition_penalty"):
+        value = g(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value):
+            raise ValueError(f"generate_kwargs: {key} must be a real number (or None), got {value!r}.")
+    for key in ("top_k", "max_new_tokens", "num_return_sequences"):
+        value = g(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise ValueError(f"generate_kwargs: {key} must be an integer (or None), got {value!r}.")
+    if g("do_sample") is not None and not isinstance(g("do_sample"), bool):
+        raise ValueError(f"generate_kwargs: do_sample must be a bool (or None), got {g('do_sample')!r}.")
     temperature = g("temperature")
     if temperature is not None and temperature < 0:
         raise ValueError(f"generate_kwargs: temperature must be non-negative, got {temperature}. Use 0 for greedy "
@@ -118,7 +132,7 @@ def validate_generate_kwargs(generate_kwargs: dict[str, Any]) -> None:
                          f"for no penalty.")
     for key in ("max_new_tokens", "num_return_sequences"):
         value = g(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if value is not None and value < 1:
             raise ValueError(f"generate_kwargs: {key} must be a positive integer, got {value!r}.")
     do_sample = g("do_sample")
     if do_sample is False and temperature not in (None, 0):
@@ -289,6 +303,50 @@ def pad_rows(rows: Sequence[Tensor], pad_value: int | float | bool, *, side: str
     return out
 
 
+def check_token_ids(model: Any, rows: Sequence[Tensor], *, extra: int = 0, max_context: int | None = None,
+                    what: str = "input") -> None:
+    """Fail loudly (DESIGN.md property 7) on rows a model cannot score or extend.
+
+    Args:
+        model: an HF causal LM (its input embeddings give the vocabulary size, ``config.max_position_embeddings``
+            the context length).
+        rows: ``B`` 1-D integer id tensors.
+        extra: tokens that will be appended to each row (``max_new_tokens`` when generating).
+        max_context: the context length; ``None`` reads ``model.config.max_position_embeddings`` (no check when
+            absent).
+        what: names the rows in the message, e.g. ``"generate: prompt"``.
+
+    Raises:
+        ValueError: an empty row, a non-integer row, an id outside ``[0, vocab_size)``, or a row (plus ``extra``)
+            longer than the context; the message names the row and the fix.
+    """
+    for b, r in enumerate(rows):
+        if r.numel() == 0:
+            raise ValueError(f"{what} row {b} is empty; every row needs at least one token.")
+        if r.dtype.is_floating_point or r.dtype.is_complex or r.dtype == torch.bool:
+            raise ValueError(f"{what} row {b} has dtype {r.dtype}; token ids must be an integer tensor (torch.long).")
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(emb, "num_embeddings", None) or getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab is not None:
+        for b, r in enumerate(rows):
+            bad = (r < 0) | (r >= vocab)
+            if bool(bad.any()):
+                pos = int(bad.nonzero()[0])
+                raise ValueError(f"{what} row {b} holds id {int(r[pos])} at position {pos}, outside the model's "
+                                 f"vocabulary [0, {vocab}). Tokenize with the model's own tokenizer.")
+    if max_context is None:
+        max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if max_context is None:
+        return
+    lengths = [int(r.numel()) for r in rows]
+    row = max(range(len(lengths)), key=lengths.__getitem__, default=None)
+    if row is not None and lengths[row] + extra > max_context:
+        plus = f"; with max_new_tokens={extra} it" if extra else ", which"
+        fix = "Shorten the prompt or lower max_new_tokens." if extra else "Truncate or drop the sequence."
+        raise ValueError(f"{what} row {row} has {lengths[row]} tokens{plus} exceeds the model's context of "
+                         f"{max_context} tokens. {fix}")
+
+
 @torch.no_grad()
 def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationConfig, *,
                     device: torch.device | None = None, max_context: int | None = None) -> GenerationOutput:
@@ -314,21 +372,13 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
         :class:`GenerationOutput` with per-row ids, log-probs and truncation flags, on ``device``.
 
     Raises:
-        ValueError: an empty prompt, or a prompt plus ``max_new_tokens`` longer than the context.
+        ValueError: see :func:`check_token_ids` (empty prompt, id outside the vocabulary, prompt plus
+            ``max_new_tokens`` longer than the context).
     """
     if device is None:
         device = next(model.parameters()).device
+    check_token_ids(model, prompts, extra=config.max_new_tokens, max_context=max_context, what="generate: prompt")
     lengths = [int(p.numel()) for p in prompts]
-    if any(n == 0 for n in lengths):
-        raise ValueError(f"generate: prompt row {lengths.index(0)} is empty; every prompt needs at least one token.")
-    if max_context is None:
-        max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if max_context is not None and max(lengths) + config.max_new_tokens > max_context:
-        row = max(range(len(lengths)), key=lengths.__getitem__)
-        raise ValueError(
-            f"generate: prompt row {row} has {lengths[row]} tokens; with max_new_tokens={config.max_new_tokens} it "
-            f"exceeds the model's context of {max_context} tokens. Shorten the prompt or lower max_new_tokens."
-        )
     batch = len(prompts)
     ids = pad_rows([p.to(device=device, dtype=torch.long) for p in prompts], config.pad_token_id)
     attn = pad_rows([torch.ones(n, dtype=torch.long, device=device) for n in lengths], 0)

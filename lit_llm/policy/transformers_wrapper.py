@@ -23,7 +23,13 @@ from torch import Tensor
 from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens, template_display_name
 from lit_llm.data.errors import check_prefix
 from lit_llm.policy.common import LLMWrapperBase, _key, read_rows, read_strings
-from lit_llm.policy.generation import generate_tokens, pad_rows, resolve_generation_config, standardize_generate_kwargs
+from lit_llm.policy.generation import (
+    check_token_ids,
+    generate_tokens,
+    pad_rows,
+    resolve_generation_config,
+    standardize_generate_kwargs,
+)
 from lit_llm.policy.logprobs import model_token_log_probs
 
 __all__ = ["TransformersWrapper"]
@@ -104,6 +110,8 @@ class TransformersWrapper(LLMWrapperBase):
         super().__init__()
         self.generate_kwargs = standardize_generate_kwargs(generate_kwargs)
         self.generation_config = resolve_generation_config(self.generate_kwargs, model, tokenizer)
+        # as passed (None = derived below), so get_new_version re-derives them from overridden generate_kwargs
+        self._user_temperature, self._user_num_samples = temperature, num_samples
         n = self.generation_config.num_return_sequences
         if generate and "num_return_sequences" in self.generate_kwargs:
             if num_samples is None:
@@ -133,7 +141,8 @@ class TransformersWrapper(LLMWrapperBase):
     def _settings(self) -> dict[str, Any]:
         return {**super()._settings(), "generate_kwargs": dict(self.generate_kwargs),
                 "tokenizer_kwargs": dict(self.tokenizer_kwargs), "device": self._device,
-                "chat_template": self.chat_template, "temperature": self.temperature, "chunk_size": self.chunk_size}
+                "chat_template": self.chat_template, "temperature": self._user_temperature,
+                "num_samples": self._user_num_samples, "chunk_size": self.chunk_size}
 
     @property
     def device(self) -> torch.device:
@@ -161,25 +170,47 @@ class TransformersWrapper(LLMWrapperBase):
             if hist is None:
                 raise self._missing(td, key, "prompt History [B, n_messages]")
             rows = list(hist.unbind(0))
-            ids, texts, masks = [], [], []
-            for h in rows:
-                kw = dict(chat_template=self.chat_template, add_generation_prompt=True)
-                texts.append(h.apply_chat_template(self.tokenizer, tokenize=False, **kw))
-                has_assistant = "assistant" in list(h.role)
-                enc = h.apply_chat_template(self.tokenizer, return_assistant_tokens_mask=has_assistant, **kw)
-                ids.append(enc["input_ids"].long())
-                am = enc["assistant_masks"] if has_assistant else torch.zeros(ids[-1].numel(), dtype=torch.bool)
-                masks.append(am.bool())
-            return ids, texts, rows, masks
+            texts = [h.apply_chat_template(self.tokenizer, chat_template=self.chat_template, tokenize=False,
+                                           add_generation_prompt=True) for h in rows]
+            ids, masks = zip(*(self._render_ids(h, add_generation_prompt=True) for h in rows))
+            return list(ids), texts, rows, list(masks)
         if self.input_mode == "text":
             texts = read_strings(td, key)
             if texts is None:
                 raise self._missing(td, key, "prompt strings")
             return [self._encode(t) for t in texts], texts, None, None
+        self._check_not_padded_without_mask(td, key, None)
         ids = read_rows(td, key)
         if ids is None:
             raise self._missing(td, key, "prompt ids, 1-D per row")
         return [r.long() for r in ids], None, None, None
+
+    def _tokens_padded(self, td: TensorDictBase) -> bool:
+        """Whether the input's ``tokens.padded`` flag says its id tensors are padded ``[B, T]`` tensors."""
+        try:
+            flag = td.get(self._k(self.tokens_key, "padded"), None)
+        except Exception:  # a ragged lazy stack of unpadded rows
+            return False
+        if flag is None:
+            return False
+        flags = flag.tolist() if hasattr(flag, "tolist") else flag  # NonTensorData/Stack, tensor or bool
+        return bool(torch.as_tensor(flags, dtype=torch.bool).all()) if isinstance(flags, list) else bool(flags)
+
+    def _check_not_padded_without_mask(self, td: TensorDictBase, key: NestedKey,
+                                       attn_key: NestedKey | None) -> None:
+        """Padding cannot be read from ids (pad == eos for SmolLM2): padded ids need their attention mask."""
+        if _key(key)[:-1] != _key(self.tokens_key) or not self._tokens_padded(td):
+            return
+        if attn_key is not None and td.get(attn_key, None) is not None:
+            return
+        where = (f"without {attn_key!r}" if attn_key is not None
+                 else "and the generate version has no attention mask for prompts")
+        raise ValueError(
+            f"{type(self).__name__}(generate={self.generate}): {key!r} is padded (tokens.padded=True) {where}; the "
+            f"pad id can equal the end-of-turn id, so padding cannot be told from real tokens. Pass unpadded rows (a "
+            f"lazy stack of 1-D tensors, padded=False)"
+            + (" or the attention mask." if attn_key is not None else ".")
+        )
 
     def _encode(self, text: str) -> Tensor:
         return torch.as_tensor(self.tokenizer(text, **self.tokenizer_kwargs)["input_ids"], dtype=torch.long)
@@ -247,13 +278,18 @@ class TransformersWrapper(LLMWrapperBase):
     def _full_inputs(self, td: TensorDictBase) -> tuple[list[Tensor], list[Tensor] | None, list[int] | None]:
         """Per-row full ids, assistant masks (history mode) and prompt lengths (when the input has ``tokens.prompt``).
 
-        ``tokens.full`` in the input wins in every mode (never re-tokenised); a dense ``[B, T]`` one is unpadded
-        with ``masks.all_attention_mask``.
+        ``tokens.full`` in the input wins in every mode (never re-tokenised; in tokens mode the ids are read at
+        ``input_key``, ``tokens.full`` by default); a dense ``[B, T]`` one is unpadded with
+        ``masks.all_attention_mask``, which ``tokens.padded=True`` requires.
+
+        Raises:
+            ValueError: the input key is missing; padded ids without their attention mask.
         """
         attn_key = self._k(self.masks_key, "all_attention_mask")
-        full = read_rows(td, self._k(self.tokens_key, "full"), attention_key=attn_key)
+        ids_key = self.input_key if self.input_mode == "tokens" else self._k(self.tokens_key, "full")
+        self._check_not_padded_without_mask(td, ids_key, attn_key)
+        full = read_rows(td, ids_key, attention_key=attn_key)
         asst = None
-        rendered = None
         if full is None:
             if self.input_mode == "history":
                 rendered = self._render_full(td)
@@ -277,15 +313,17 @@ class TransformersWrapper(LLMWrapperBase):
         hist = td.get(key, None)
         if hist is None:
             raise self._missing(td, key, "full History [B, n_messages], or tokens.full")
-        out = []
-        for h in hist.unbind(0):
-            has_assistant = "assistant" in list(h.role)
-            enc = h.apply_chat_template(self.tokenizer, chat_template=self.chat_template,
-                                        return_assistant_tokens_mask=has_assistant)
-            ids = enc["input_ids"].long()
-            mask = enc["assistant_masks"].bool() if has_assistant else torch.zeros(ids.numel(), dtype=torch.bool)
-            out.append((ids, mask))
-        return out
+        return [self._render_ids(h, add_generation_prompt=False) for h in hist.unbind(0)]
+
+    def _render_ids(self, history: Any, *, add_generation_prompt: bool) -> tuple[Tensor, Tensor]:
+        """One conversation's ids ``[T]`` (long) and assistant mask ``[T]`` (bool; all False without assistant)."""
+        has_assistant = "assistant" in list(history.role)
+        enc = history.apply_chat_template(self.tokenizer, chat_template=self.chat_template,
+                                          add_generation_prompt=add_generation_prompt,
+                                          return_assistant_tokens_mask=has_assistant)
+        ids = enc["input_ids"].long()
+        mask = enc["assistant_masks"].bool() if has_assistant else torch.zeros(ids.numel(), dtype=torch.bool)
+        return ids, mask
 
     def _assistant_for_ids(self, td: TensorDictBase, full: list[Tensor],
                            prompt_lens: list[int] | None) -> list[Tensor]:
@@ -327,11 +365,8 @@ class TransformersWrapper(LLMWrapperBase):
     def _input_prompt_lengths(self, td: TensorDictBase, full: list[Tensor]) -> list[int] | None:
         """Prompt lengths from ``tokens.prompt`` (checked to be a prefix of each full row), or ``None``."""
         key = self._k(self.tokens_key, "prompt")
-        dense_padded = False
         try:
-            value = td.get(key, None)
-            dense_padded = isinstance(value, Tensor) and bool(
-                torch.as_tensor(td.get(self._k(self.tokens_key, "padded"), False)).all())
+            dense_padded = isinstance(td.get(key, None), Tensor) and self._tokens_padded(td)
         except Exception:  # a ragged lazy stack cannot be stacked: unpadded rows
             dense_padded = False
         rows = read_rows(td, key)
@@ -358,6 +393,10 @@ class TransformersWrapper(LLMWrapperBase):
         for b, (h, f) in enumerate(zip(td.get(self.input_key).unbind(0), full_rows)):
             roles = list(h.role)
             last = max(i for i, r in enumerate(roles) if r != "<none>")
+            if roles[last] != "assistant":
+                raise ValueError(f"get_sft_dist: row {b} of {self.input_key!r} ends with a {roles[last]!r} message; "
+                                 f"the SFT head trains on the final assistant reply. End every conversation with an "
+                                 f"assistant message, or use get_rlhf_dist (every assistant turn).")
             p = h[:last].apply_chat_template(self.tokenizer, chat_template=self.chat_template,
                                              add_generation_prompt=True, return_dict=False)
             name = template_display_name(self.chat_template)
@@ -366,6 +405,7 @@ class TransformersWrapper(LLMWrapperBase):
         return lens
 
     def _padded_full(self, full: list[Tensor]) -> tuple[Tensor, Tensor]:
+        check_token_ids(self.model, full, what=f"{type(self).__name__} (log-prob version): tokens.full")
         dev = self.device
         ids = pad_rows([f.to(dev) for f in full], self.generation_config.pad_token_id, side="left")
         attn = pad_rows([torch.ones(f.numel(), dtype=torch.bool, device=dev) for f in full], False, side="left")

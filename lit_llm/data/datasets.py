@@ -1,0 +1,383 @@
+"""Supervised datasets: JSONL readers (chat / prompt-completion / GSM8K), a synthetic arithmetic task, tokenising
+collate.
+
+Every row becomes an :class:`Example` (a conversation plus how many of its messages form the prompt) and then,
+through :meth:`History.apply_chat_template` (one render of the full conversation, DESIGN.md property 3), a
+:class:`TokenizedExample` with aligned ``[T]`` ids and masks. :func:`collate` right-pads a list of them into ``[B, T]``
+model inputs. This module never imports the policy or loss layers: choosing which mask trains (the loss head) and
+dropping rows left with nothing to train is the data module's job (``lit_llm.lightning.datamodules``).
+
+Row formats (one JSON object per line; ``format="auto"`` picks by the first row's keys):
+
+* ``chat``: ``{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}, ...]}``;
+  the prompt is every message before the last assistant message.
+* ``prompt_completion``: ``{"prompt": str | messages, "completion": str | messages}``; a string prompt is one user
+  message (after the optional system prompt), a string completion one assistant message.
+* ``gsm8k``: ``{"question": str, "answer": str}``: optional system prompt, the question as the user message and the
+  answer, verbatim (reasoning and ``#### N`` line), as the assistant message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from lit_llm.data.containers import template_display_name
+from lit_llm.data.errors import check_prefix
+
+__all__ = [
+    "DataFormatError",
+    "Example",
+    "RowFormat",
+    "TokenizedExample",
+    "arithmetic_examples",
+    "collate",
+    "detect_format",
+    "examples_from_rows",
+    "read_examples",
+    "read_jsonl",
+    "row_to_example",
+    "tokenize_example",
+]
+
+RowFormat = Literal["auto", "chat", "prompt_completion", "gsm8k"]
+_KEYS = {"chat": ("messages",), "prompt_completion": ("prompt", "completion"), "gsm8k": ("question", "answer")}
+
+
+class DataFormatError(ValueError):
+    """A data file or one of its rows is unusable; the message names the file, the line, the key and the fix."""
+
+
+@dataclass
+class Example:
+    """One conversation to train on.
+
+    Attributes:
+        messages: the conversation, ``[{"role": ..., "content": ...}, ...]``.
+        num_prompt_messages: how many leading messages form the prompt; the rest is the completion (the ``sft`` head
+            trains on the completion's tokens only).
+        sample_id: where the row comes from, ``"file:line"`` (1-based line) or ``"arithmetic:i"``; named in errors.
+        reference: the completion text (the GSM8K answer, the arithmetic result), shown beside generated samples.
+    """
+
+    messages: list[dict[str, Any]]
+    num_prompt_messages: int
+    sample_id: str
+    reference: str = ""
+
+
+@dataclass
+class TokenizedExample:
+    """An :class:`Example` tokenised with its chat template. All tensors are 1-D and aligned: ``[T]``.
+
+    Attributes:
+        input_ids: ``[T]`` long, the full conversation's ids (one render, truncated to ``max_length``).
+        assistant_mask: ``[T]`` bool, every assistant token of every turn (DESIGN.md property 3).
+        response_mask: ``[T]`` bool, the completion: from the end of the prompt (rendered with the generation
+            prompt) through the last assistant token (its stop token); a separator the template renders after it
+            is excluded.
+        prompt_ids: ``[P]`` long, the prompt rendered with the generation prompt (an exact prefix of the full ids
+            before truncation, property 2); what the model sees when it generates the completion.
+        sample_id: see :class:`Example`.
+        reference: see :class:`Example`.
+        truncated: True when ``max_length`` cut the conversation.
+    """
+
+    input_ids: torch.Tensor
+    assistant_mask: torch.Tensor
+    response_mask: torch.Tensor
+    prompt_ids: torch.Tensor
+    sample_id: str
+    reference: str = ""
+    truncated: bool = False
+
+    def __len__(self) -> int:
+        return int(self.input_ids.numel())
+
+
+@dataclass
+class _Skipped:
+    """Rows skipped by ``on_bad_row="skip"``: ``count`` and the first few ``(sample_id, reason)``."""
+
+    count: int = 0
+    first: list[tuple[str, str]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------------------- reading
+def read_jsonl(path: str | os.PathLike, *, on_bad_row: Literal["raise", "skip"] = "raise",
+               skipped: _Skipped | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """Read a JSONL file into ``[(line_number, row), ...]`` (1-based line numbers; blank lines ignored).
+
+    Args:
+        path: the ``.jsonl`` file.
+        on_bad_row: ``"raise"`` stops at the first line that is not a JSON object; ``"skip"`` counts it in
+            ``skipped`` and goes on.
+        skipped: collects skipped lines when ``on_bad_row="skip"``.
+
+    Returns:
+        The rows, each a ``dict``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (the message says how to point ``--data.path`` at a file).
+        DataFormatError: a line is not a JSON object (``on_bad_row="raise"``), or the file holds no row.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"Data file {str(p)!r} not found. Point --data.path at a JSONL file with one JSON "
+                                f"object per line (e.g. /path/to/gsm8k/train.jsonl).")
+    rows: list[tuple[int, dict[str, Any]]] = []
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+            except ValueError as e:  # json.JSONDecodeError is a ValueError
+                msg = f"{p}:{lineno}: not a JSON object ({e}). Fix: write one JSON object per line."
+                if on_bad_row == "raise":
+                    raise DataFormatError(msg + " Or set --data.on_bad_row skip to skip bad rows.") from None
+                _note_skip(skipped, f"{p}:{lineno}", msg)
+                continue
+            rows.append((lineno, row))
+    if not rows:
+        raise DataFormatError(f"{p}: the file holds no JSON row (empty dataset). Fix: point --data.path at a "
+                              f"non-empty JSONL file.")
+    return rows
+
+
+def _note_skip(skipped: _Skipped | None, sample_id: str, reason: str) -> None:
+    if skipped is not None:
+        skipped.count += 1
+        if len(skipped.first) < 5:
+            skipped.first.append((sample_id, reason))
+
+
+def detect_format(row: dict[str, Any], *, where: str = "<row>") -> Literal["chat", "prompt_completion", "gsm8k"]:
+    """The row format whose keys ``row`` has (``messages`` / ``prompt`` + ``completion`` / ``question`` + ``answer``).
+
+    Raises:
+        DataFormatError: no format matches; names ``where``, the keys found and the keys expected.
+    """
+    for name, keys in _KEYS.items():
+        if all(k in row for k in keys):
+            return name  # type: ignore[return-value]
+    raise DataFormatError(
+        f"{where}: cannot tell the row format from its keys {sorted(row)}. Expected 'messages' (chat), 'prompt' + "
+        f"'completion', or 'question' + 'answer' (GSM8K); rename the columns or set --data.format."
+    )
+
+
+def _messages(value: Any, default_role: str, key: str, where: str) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": default_role, "content": value}]
+    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+        for i, m in enumerate(value):
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise DataFormatError(f"{where}: {key}[{i}] must be {{'role': str, 'content': str}}, got keys "
+                                      f"{sorted(m)}. Fix the row.")
+        return [dict(m) for m in value]
+    raise DataFormatError(f"{where}: {key!r} must be a string or a non-empty list of {{'role', 'content'}} messages, "
+                          f"got {type(value).__name__}. Fix the row.")
+
+
+def row_to_example(row: dict[str, Any], fmt: Literal["chat", "prompt_completion", "gsm8k"], *, sample_id: str,
+                   system_prompt: str | None = None) -> Example:
+    """Convert one JSON row to an :class:`Example`.
+
+    Args:
+        row: the parsed JSON object.
+        fmt: ``"chat"``, ``"prompt_completion"`` or ``"gsm8k"`` (see the module docstring).
+        sample_id: ``"file:line"``, named in errors.
+        system_prompt: prepended as a system message to GSM8K rows and to string prompts; never to message lists
+            (they carry their own).
+
+    Raises:
+        DataFormatError: a required key is missing or has the wrong type, or the conversation has no assistant
+            message; the message names ``sample_id``, the key and the fix.
+    """
+    missing = [k for k in _KEYS[fmt] if k not in row]
+    if missing:
+        raise DataFormatError(f"{sample_id}: missing key(s) {missing} for format {fmt!r} (row keys: {sorted(row)}). "
+                              f"Fix the row, or choose the right --data.format.")
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    if fmt == "chat":
+        if isinstance(row["messages"], str):
+            raise DataFormatError(f"{sample_id}: 'messages' must be a list of messages, got a string. Fix the row.")
+        messages = _messages(row["messages"], "user", "messages", sample_id)
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        if last is None:
+            raise DataFormatError(f"{sample_id}: the conversation has no assistant message, so nothing to train on. "
+                                  f"Add an assistant turn or drop the row (--data.on_bad_row skip).")
+        return Example(messages, last, sample_id, messages[last]["content"])
+    if fmt == "gsm8k":
+        for k in ("question", "answer"):
+            if not isinstance(row[k], str) or not row[k].strip():
+                raise DataFormatError(f"{sample_id}: {k!r} must be a non-empty string. Fix the row.")
+        prompt = system + [{"role": "user", "content": row["question"]}]
+        return Example(prompt + [{"role": "assistant", "content": row["answer"]}], len(prompt), sample_id,
+                       row["answer"])
+    prompt = _messages(row["prompt"], "user", "prompt", sample_id)
+    if isinstance(row["prompt"], str):
+        prompt = system + prompt
+    completion = _messages(row["completion"], "assistant", "completion", sample_id)
+    if not any(m["role"] == "assistant" for m in completion):
+        raise DataFormatError(f"{sample_id}: 'completion' has no assistant message, so nothing to train on. Fix the "
+                              f"row or drop it (--data.on_bad_row skip).")
+    reference = "".join(m["content"] for m in completion if m["role"] == "assistant")
+    return Example(prompt + completion, len(prompt), sample_id, reference)
+
+
+def examples_from_rows(rows: Iterable[tuple[str, dict[str, Any]]], *, fmt: RowFormat = "auto",
+                       system_prompt: str | None = None, on_bad_row: Literal["raise", "skip"] = "raise",
+                       skipped: _Skipped | None = None) -> list[Example]:
+    """Convert ``[(sample_id, row), ...]`` to examples; ``fmt="auto"`` detects the format from the first row.
+
+    Raises:
+        DataFormatError: a bad row with ``on_bad_row="raise"`` (see :func:`row_to_example`).
+    """
+    out: list[Example] = []
+    for sample_id, row in rows:
+        try:
+            if fmt == "auto":
+                fmt = detect_format(row, where=sample_id)
+            out.append(row_to_example(row, fmt, sample_id=sample_id, system_prompt=system_prompt))
+        except DataFormatError as e:
+            if on_bad_row == "raise":
+                raise
+            _note_skip(skipped, sample_id, str(e))
+    return out
+
+
+def read_examples(path: str | os.PathLike, *, fmt: RowFormat = "auto", system_prompt: str | None = None,
+                  on_bad_row: Literal["raise", "skip"] = "raise", limit: int | None = None,
+                  skipped: _Skipped | None = None) -> list[Example]:
+    """Read a JSONL file into :class:`Example`s (sample ids ``"file:line"``).
+
+    Args:
+        path: the JSONL file.
+        fmt: the row format, or ``"auto"``.
+        system_prompt: see :func:`row_to_example`.
+        on_bad_row: ``"raise"`` (stop, naming the line) or ``"skip"`` (count in ``skipped``).
+        limit: keep only the first ``limit`` rows (``None`` = all).
+        skipped: collects skipped rows.
+
+    Raises:
+        FileNotFoundError, DataFormatError: see :func:`read_jsonl` and :func:`row_to_example`; also when every row
+            was skipped.
+    """
+    rows = read_jsonl(path, on_bad_row=on_bad_row, skipped=skipped)
+    if limit is not None:
+        rows = rows[:limit]
+    name = str(Path(path).expanduser())
+    examples = examples_from_rows(((f"{name}:{ln}", r) for ln, r in rows), fmt=fmt, system_prompt=system_prompt,
+                                  on_bad_row=on_bad_row, skipped=skipped)
+    if not examples:
+        raise DataFormatError(f"{name}: every row was skipped as bad (see the warnings); fix the file.")
+    return examples
+
+
+def arithmetic_examples(num: int, *, seed: int = 0, digits: int = 2, system_prompt: str | None = None) -> list[Example]:
+    """The synthetic arithmetic task (no download): ``"What is {a} + {b}? Reply with just the number."`` -> ``a+b``.
+
+    Args:
+        num: number of problems (>= 1).
+        seed: the problems are a deterministic function of ``seed``.
+        digits: operands are drawn uniformly from the ``digits``-digit numbers (``digits=2``: 10..99).
+        system_prompt: optional system message.
+
+    Returns:
+        ``num`` examples (prompt = the user question, completion = the sum as text; ``sample_id="arithmetic:i"``).
+
+    Raises:
+        ValueError: ``num < 1`` or ``digits < 1``.
+    """
+    if num < 1 or digits < 1:
+        raise ValueError(f"arithmetic_examples: num and digits must be >= 1, got num={num}, digits={digits}.")
+    rng = random.Random(seed)
+    lo, hi = (10 ** (digits - 1) if digits > 1 else 0), 10**digits - 1
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    out = []
+    for i in range(num):
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        prompt = system + [{"role": "user", "content": f"What is {a} + {b}? Reply with just the number."}]
+        out.append(Example(prompt + [{"role": "assistant", "content": str(a + b)}], len(prompt), f"arithmetic:{i}",
+                           str(a + b)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------- tokenising
+def tokenize_example(example: Example, tokenizer: Any, *, chat_template: str | os.PathLike | None = None,
+                     max_length: int | None = None) -> TokenizedExample:
+    """Tokenise one example: one render of the full conversation (ids + assistant mask) and one of the prompt.
+
+    Args:
+        example: the conversation.
+        tokenizer: an HF tokenizer.
+        chat_template: a Jinja string or ``.jinja`` path; ``None`` = the tokenizer's own.
+        max_length: keep the first ``max_length`` tokens (the start of the conversation); ``None`` = no limit.
+
+    Returns:
+        The :class:`TokenizedExample` (``[T]`` tensors, ``T <= max_length``).
+
+    Raises:
+        DataFormatError: the conversation is invalid (unknown role, special-token text in content, no assistant
+            tokens, prompt not a prefix of the full render); wraps the data layer's error with ``sample_id``.
+    """
+    from lit_llm.data.history import History
+
+    try:
+        full = History.from_chats(example.messages).apply_chat_template(
+            tokenizer, chat_template=chat_template, return_dict=True, return_assistant_tokens_mask=True)
+        prompt_ids = History.from_chats(example.messages[: example.num_prompt_messages]).apply_chat_template(
+            tokenizer, chat_template=chat_template, add_generation_prompt=True, return_dict=False).long()
+        ids, assistant = full["input_ids"].long(), full["assistant_masks"].bool()
+        check_prefix(prompt_ids, ids, template_name=template_display_name(chat_template))
+    except (ValueError, TypeError, KeyError) as e:
+        raise DataFormatError(f"{example.sample_id}: {type(e).__name__}: {e}") from e
+    positions = torch.arange(ids.numel())
+    last = int(assistant.nonzero().max()) if assistant.any() else -1
+    response = (positions >= prompt_ids.numel()) & (positions <= last)
+    truncated = max_length is not None and ids.numel() > max_length
+    if truncated:
+        ids, assistant, response = ids[:max_length], assistant[:max_length], response[:max_length]
+    return TokenizedExample(ids, assistant, response, prompt_ids, example.sample_id, example.reference, truncated)
+
+
+def collate(samples: Sequence[TokenizedExample], *, pad_token_id: int) -> dict[str, Any]:
+    """Right-pad tokenised examples into model inputs.
+
+    Args:
+        samples: ``B >= 1`` examples.
+        pad_token_id: id written at padding (``tokenizer.pad_token_id``; padding is read from ``attention_mask``
+            only, never from ids, since SmolLM2's pad id is its end-of-turn id).
+
+    Returns:
+        ``{"input_ids": [B, T] long, "attention_mask": [B, T] long (0 at padding), "assistant_mask": [B, T] bool,
+        "response_mask": [B, T] bool, "sample_ids": list[str]}`` with ``T`` the longest sample; padding on the
+        right, masks False there.
+
+    Raises:
+        ValueError: ``samples`` is empty.
+    """
+    if not samples:
+        raise ValueError("collate: got an empty list of samples.")
+    b, t = len(samples), max(len(s) for s in samples)
+    ids = torch.full((b, t), int(pad_token_id), dtype=torch.long)
+    attn = torch.zeros((b, t), dtype=torch.long)
+    assistant = torch.zeros((b, t), dtype=torch.bool)
+    response = torch.zeros((b, t), dtype=torch.bool)
+    for i, s in enumerate(samples):
+        n = len(s)
+        ids[i, :n], attn[i, :n] = s.input_ids, 1
+        assistant[i, :n], response[i, :n] = s.assistant_mask, s.response_mask
+    return {"input_ids": ids, "attention_mask": attn, "assistant_mask": assistant, "response_mask": response,
+            "sample_ids": [s.sample_id for s in samples]}
