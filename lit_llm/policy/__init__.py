@@ -1,13 +1,18 @@
-"""Policy layer: LLM wrappers (generate and log-prob versions), the token log-prob kernel, generation settings."""
+"""Policy layer: LLM wrappers (generate and log-prob versions), the token log-prob kernel, generation settings,
+the threaded batcher."""
 
 from lit_llm.policy.common import LLMWrapperBase
 from lit_llm.policy.generation import GenerationConfig, resolve_generation_config, standardize_generate_kwargs
+from lit_llm.policy.logprobs import chunked_token_log_probs, model_token_log_probs, naive_token_log_probs
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 
 __all__ = [
     "GenerationConfig",
     "LLMWrapperBase",
     "TransformersWrapper",
+    "chunked_token_log_probs",
+    "model_token_log_probs",
+    "naive_token_log_probs",
     "resolve_generation_config",
     "standardize_generate_kwargs",
 ]

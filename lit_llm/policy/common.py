@@ -188,7 +188,7 @@ class LLMWrapperBase(BatchingMixin, TensorDictModuleBase):
             log_probs_key=self.log_probs_key,
         )
 
-    def get_new_version(self, **overrides: Any) -> LLMWrapperBase:
+    def get_new_version(self, *, share_batching_state: bool = False, **overrides: Any) -> LLMWrapperBase:
         """A wrapper over the **same** model object with every setting carried over except ``overrides``.
 
         Typical use: ``policy.get_new_version(generate=False)`` gives the log-prob version of a generating policy.
@@ -201,6 +201,9 @@ class LLMWrapperBase(BatchingMixin, TensorDictModuleBase):
         unless overridden.
 
         Args:
+            share_batching_state: the new version joins this wrapper's batching queue and worker thread (both must
+                batch with the same settings), so generate and log-prob calls are served by one worker; by default
+                the new version gets a fresh queue.
             **overrides: any constructor keyword argument (positional ``model`` is not accepted).
 
         Returns:
@@ -225,7 +228,10 @@ class LLMWrapperBase(BatchingMixin, TensorDictModuleBase):
             kwargs["inplace"] = None
             kwargs["return_log_probs"] = None
         kwargs.update(overrides)
-        return type(self)(self.model, **kwargs)
+        new = type(self)(self.model, **kwargs)
+        if share_batching_state:
+            new._adopt_batching_state(self)
+        return new
 
     # ------------------------------------------------------------------------------------------------ forward
     def forward(self, tensordict: TensorDictBase, *, tensordict_out: TensorDictBase | None = None,
@@ -250,8 +256,12 @@ class LLMWrapperBase(BatchingMixin, TensorDictModuleBase):
         """
         if logits_only and self.generate:
             raise ValueError("logits_only=True needs the log-prob version; use get_new_version(generate=False).")
-        return self._run_maybe_batched(tensordict, self._forward_dispatch, tensordict_out=tensordict_out,
+        if logits_only or tensordict_out is not None:
+            # Never merged with other callers: logits would be padded to another caller's rows, and
+            # tensordict_out belongs to this caller alone.
+            return self._run_exclusive(tensordict, self._forward_dispatch, tensordict_out=tensordict_out,
                                        logits_only=logits_only, **kwargs)
+        return self._run_maybe_batched(tensordict, self._forward_dispatch, **kwargs)
 
     def _forward_dispatch(self, td: TensorDictBase, *, tensordict_out: TensorDictBase | None = None,
                           logits_only: bool = False, **kwargs: Any) -> TensorDictBase:

@@ -494,3 +494,20 @@ def test_tiny_generate_and_log_probs_in_shared_batches_equal_alone(greedy_policy
         torch.testing.assert_close(s["log_probs", "full"], r, atol=1e-4, rtol=1e-4)
     gen.cleanup_batching()
     lp.cleanup_batching()
+
+
+def test_wrapper_versions_share_one_worker_only_when_asked(greedy_policy):
+    gen = greedy_policy.get_new_version(batching=True, min_batch_size=2, max_batch_size=4, batching_timeout=0.5)
+    fresh = gen.get_new_version(generate=False)
+    shared = gen.get_new_version(generate=False, share_batching_state=True)
+    assert fresh._batcher is not gen._batcher
+    assert shared._batcher is gen._batcher
+    out = gen(prompt_td(token_prompts(2, seed=5)))
+    scored = shared(out.select("tokens").copy())
+    lps = scored.get(("log_probs", "full"), as_list=True)
+    assert [lp.numel() for lp in lps] == [f.numel() for f in out.get(("tokens", "full"), as_list=True)]
+    # logits_only is never merged with other callers: it runs alone and keeps this caller's own padding.
+    logits = shared(out[:1].select("tokens").copy(), logits_only=True)["logits"]
+    assert logits.shape[:2] == (1, out[0]["tokens", "full"].numel())
+    for w in (gen, fresh, shared):
+        w.cleanup_batching()
