@@ -1,0 +1,83 @@
+"""Callbacks: generated validation samples, logged as text (console + ``samples.csv``) and as a wandb table."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+
+__all__ = ["StepCheckpoint", "ValidationSamples"]
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` always holds the final step.
+
+    Lightning's own class writes ``last.ckpt`` at the end of training only if it never wrote one, so a run stopped by
+    ``max_steps`` between two ``every_n_train_steps`` saves would leave ``last.ckpt`` some steps behind and
+    ``--ckpt_path last`` would redo them. Same arguments as :class:`~lightning.pytorch.callbacks.ModelCheckpoint`.
+    """
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.save_last and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        super().on_train_end(trainer, pl_module)
+
+
+class ValidationSamples(Callback):
+    """After each validation run, greedily answer the first ``num_samples`` validation prompts and log them.
+
+    The prompts are the validation samples' ``prompt_ids`` (the prompt rendered with the generation prompt, exactly
+    the ids the model is trained to continue, DESIGN.md property 1). Rows ``(step, sample_id, prompt, completion,
+    reference)`` go to the console, to ``samples.csv`` in the first logger's directory (appended; the CSV logger's
+    ``metrics.csv`` only holds numbers) and, with a ``WandbLogger``, to a ``val/samples`` table. Runs on rank 0 only,
+    and not during the sanity check.
+
+    Args:
+        num_samples: prompts to answer (0 disables the callback).
+        max_new_tokens: generation budget per answer.
+    """
+
+    def __init__(self, num_samples: int = 4, max_new_tokens: int = 64) -> None:
+        if num_samples < 0 or max_new_tokens < 1:
+            raise ValueError(f"ValidationSamples: num_samples must be >= 0 and max_new_tokens >= 1, got "
+                             f"{num_samples}, {max_new_tokens}.")
+        self.num_samples, self.max_new_tokens = num_samples, max_new_tokens
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.num_samples == 0 or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        samples = getattr(trainer.datamodule, "val_samples", None) if trainer.datamodule is not None else None
+        if not samples or not hasattr(pl_module, "generate"):
+            return
+        chosen = samples[: self.num_samples]
+        outputs = pl_module.generate([s.prompt_ids for s in chosen], max_new_tokens=self.max_new_tokens)
+        tok = pl_module.tokenizer
+        rows = [[trainer.global_step, s.sample_id, tok.decode(s.prompt_ids), tok.decode(o, skip_special_tokens=True),
+                 s.reference] for s, o in zip(chosen, outputs)]
+        for step, sid, _, completion, reference in rows:
+            rank_zero_info(f"[step {step}] {sid}\n  generated: {completion!r}\n  reference: {reference!r}")
+        self._write_csv(trainer, rows)
+        for logger in trainer.loggers:
+            if type(logger).__name__ == "WandbLogger":
+                logger.log_text(key="val/samples", columns=self.columns, data=rows, step=trainer.global_step)
+
+    columns = ["step", "sample_id", "prompt", "completion", "reference"]
+
+    def _write_csv(self, trainer: Trainer, rows: list[list[Any]]) -> None:
+        log_dir = trainer.loggers[0].log_dir if trainer.loggers and trainer.loggers[0].log_dir else \
+            trainer.default_root_dir
+        path = Path(log_dir) / "samples.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = not path.exists()
+        with open(path, "a", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(self.columns)
+            w.writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())

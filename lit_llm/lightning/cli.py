@@ -1,0 +1,131 @@
+"""The ``lit-llm`` command: LightningCLI subcommands (``fit``, ``validate``, ``test``, ``predict``) plus ``export``.
+
+Examples::
+
+    lit-llm fit --config configs/sft_gsm8k.yaml --data.path my_chats.jsonl --trainer.max_steps 200
+    lit-llm fit --config configs/sft_tiny.yaml --print_config
+    lit-llm fit --config configs/sft_tiny.yaml --ckpt_path last          # exact resume
+    lit-llm export --ckpt_path runs/sft_tiny/checkpoints/last.ckpt --out exported/
+    lit-llm plot runs/sft_tiny/csv
+
+Added to LightningCLI's own arguments:
+
+* ``--checkpoint.*``: a :class:`~lit_llm.lightning.callbacks.StepCheckpoint` (a ``ModelCheckpoint`` whose
+  ``last.ckpt`` holds the final step) that is always on (``save_last``),
+  writing to ``<trainer.default_root_dir>/checkpoints`` so that ``--ckpt_path last`` finds it from any later run.
+* ``--samples.*``: :class:`~lit_llm.lightning.callbacks.ValidationSamples` (generated answers after validation).
+* ``--wandb``: when ``trainer.logger`` is left unset, the loggers are a ``CSVLogger`` (always) plus, with
+  ``--wandb true`` (the default), a ``WandbLogger`` (offline unless ``WANDB_API_KEY`` is set), both under
+  ``trainer.default_root_dir``.
+
+Subcommands other than LightningCLI's are dispatched by :func:`main` before LightningCLI parses (``EXTRA_COMMANDS``):
+``export`` (HF folder) and ``plot`` (training-curve PNG, :mod:`lit_llm.lightning.plot`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jsonargparse import ArgumentParser
+from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
+from lit_llm.lightning.module import PolicyModule
+
+__all__ = ["EXTRA_COMMANDS", "LitLLMCLI", "checkpoint_dir", "default_loggers", "main"]
+
+# Manual optimisation is deliberate (see lit_llm.lightning.module); a step-N checkpoint holds the weights after N steps.
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+
+
+def checkpoint_dir(default_root_dir: str | None) -> str:
+    """Where checkpoints go: ``<default_root_dir>/checkpoints`` (``./checkpoints`` when unset)."""
+    return os.path.join(default_root_dir or ".", "checkpoints")
+
+
+def default_loggers(root: str | None, *, wandb: bool) -> list[Any]:
+    """``[CSVLogger]`` (+ ``WandbLogger``, offline without ``WANDB_API_KEY``) under ``root`` (default ``"."``)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    root = root or "."
+    loggers: list[Any] = [CSVLogger(save_dir=root, name="csv")]
+    if wandb:
+        from lightning.pytorch.loggers import WandbLogger
+
+        offline = not os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") == "offline"
+        loggers.append(WandbLogger(save_dir=root, project="lit-llm", offline=offline))
+    return loggers
+
+
+class LitLLMCLI(LightningCLI):
+    """LightningCLI over any :class:`PolicyModule` and any ``LightningDataModule`` (``class_path`` in the config),
+    with the always-on checkpoint and validation-samples callbacks and the default loggers described above."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(StepCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_top_k": 1})
+        parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir)
+        parser.add_lightning_class_args(ValidationSamples, "samples")
+        parser.add_argument("--wandb", type=bool, default=True,
+                            help="Add a WandbLogger (offline without WANDB_API_KEY) when trainer.logger is unset.")
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer_cfg = self._get(self.config_init, "trainer", default={})
+        if trainer_cfg.get("logger") in (None, True) and "logger" not in kwargs:
+            kwargs["logger"] = default_loggers(trainer_cfg.get("default_root_dir"),
+                                               wandb=bool(self._get(self.config, "wandb", True)))
+        return super().instantiate_trainer(**kwargs)
+
+
+def _export(argv: Sequence[str]) -> None:
+    from lit_llm.lightning.export import export_checkpoint
+
+    parser = ArgumentParser(prog="lit-llm export", description="Write a checkpoint's policy as an HF folder "
+                            "(loadable with AutoModelForCausalLM.from_pretrained and AutoTokenizer).")
+    parser.add_argument("--ckpt_path", type=str, required=True, help="a .ckpt written by lit-llm fit")
+    parser.add_argument("--out", type=str, required=True, help="the folder to create")
+    parser.add_argument("--overwrite", type=bool, default=False, help="replace --out if it exists")
+    cfg = parser.parse_args(list(argv))
+    out = export_checkpoint(cfg.ckpt_path, cfg.out, overwrite=cfg.overwrite)
+    print(f"exported {cfg.ckpt_path} -> {out}")
+
+
+def _plot(argv: Sequence[str]) -> None:
+    from lit_llm.lightning.plot import main as plot_main
+
+    code = plot_main(list(argv))
+    if code:
+        raise SystemExit(code)
+
+
+#: Subcommands handled outside LightningCLI: name -> function of the remaining arguments.
+EXTRA_COMMANDS: dict[str, Callable[[Sequence[str]], None]] = {"export": _export, "plot": _plot}
+
+
+def main(args: Sequence[str] | None = None) -> LitLLMCLI | None:
+    """Entry point of the ``lit-llm`` console script.
+
+    Args:
+        args: the command line without the program name (default ``sys.argv[1:]``).
+
+    Returns:
+        The :class:`LitLLMCLI` for LightningCLI subcommands, ``None`` for ``export``.
+    """
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv and argv[0] in EXTRA_COMMANDS:
+        EXTRA_COMMANDS[argv[0]](argv[1:])
+        return None
+    return LitLLMCLI(PolicyModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                     args=None if args is None else argv, save_config_kwargs={"overwrite": True},
+                     parser_kwargs={"description": "lit-llm: LLM post-training on Lightning. Extra subcommands: "
+                                    "`lit-llm export --ckpt_path X.ckpt --out DIR` (HF folder), "
+                                    "`lit-llm plot LOG_DIR [--out PNG]` (training curves)."})
+
+
+if __name__ == "__main__":
+    main()

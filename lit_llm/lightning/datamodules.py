@@ -1,0 +1,306 @@
+"""LightningDataModule for supervised fine-tuning, and the resumable loader that yields one optimizer step per batch.
+
+Normalisation design (DESIGN.md property 6): the training loader yields, per **optimizer step**, a dict
+``{"micro_batches": [mb_1, ..., mb_k]}``: ``batch_size`` samples per rank cut into micro-batches of
+``micro_batch_size`` samples (gradient accumulation lives here, not in ``Trainer(accumulate_grad_batches)``). The
+module (manual optimisation) counts the trained tokens of the whole step over all micro-batches, all-reduces the count
+over ranks and divides every micro-batch's token sum by it, so 2 micro-batches of different token counts give the
+same gradient as one batch.
+
+The loader is stateful (``state_dict`` / ``load_state_dict``, which Lightning saves in checkpoints), so a run resumed
+from a mid-epoch checkpoint continues with exactly the batches an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import DataLoader
+
+from lit_llm.data.datasets import (
+    DataFormatError,
+    Example,
+    RowFormat,
+    TokenizedExample,
+    _Skipped,
+    arithmetic_examples,
+    collate,
+    read_examples,
+    tokenize_example,
+)
+from lit_llm.objectives.sft import loss_mask
+
+__all__ = ["SFTDataModule", "StepBatchLoader", "resolve_tokenizer"]
+
+Head = Literal["sft", "rlhf", "generic"]
+
+
+def resolve_tokenizer(name: str | None) -> Any:
+    """The tokenizer of a model name: ``None``, ``"tiny"`` and the embedded default use SmolLM2's; else a path."""
+    from lit_llm.models import DEFAULT_MODEL, load_tokenizer
+
+    return load_tokenizer(DEFAULT_MODEL if name in (None, "tiny") else name)
+
+
+def trainable_tokens(sample: TokenizedExample, head: Head) -> int:
+    """Number of positions of ``sample`` that the loss ``head`` trains on (see ``lit_llm.objectives.sft.loss_mask``)."""
+    t = len(sample)
+    mask = loss_mask(head, attention_mask=torch.ones(1, t, dtype=torch.bool),
+                     assistant_mask=sample.assistant_mask[None], response_mask=sample.response_mask[None])
+    return int(mask.sum())
+
+
+class StepBatchLoader:
+    """Iterable of optimizer-step batches for one rank, with length grouping and an exact-resume state.
+
+    Each epoch draws a permutation of the samples from ``seed + epoch``; with ``group_by_length`` the permutation is
+    cut into windows of ``length_group_steps`` global steps, each window is sorted by length (so a step holds
+    samples of similar length and padding is small) and the order of the steps is shuffled. A global step of
+    ``batch_size * world_size`` samples is dealt to the ranks round-robin; each rank's share is sorted by length and
+    cut into micro-batches of ``micro_batch_size``. A final global step with fewer samples than ranks is dropped.
+
+    Yields:
+        ``{"micro_batches": [collate(...), ...]}``; each micro-batch holds ``input_ids`` ``[b, T]`` long (right
+        padding), ``attention_mask`` ``[b, T]`` long, ``assistant_mask`` / ``response_mask`` ``[b, T]`` bool and
+        ``sample_ids`` (``"file:line"`` strings).
+    """
+
+    def __init__(self, samples: list[TokenizedExample], *, batch_size: int, micro_batch_size: int, pad_token_id: int,
+                 seed: int = 0, group_by_length: bool = True, length_group_steps: int = 16, rank: int = 0,
+                 world_size: int = 1) -> None:
+        if not samples:
+            raise ValueError("StepBatchLoader: no training samples.")
+        if batch_size < 1 or micro_batch_size < 1:
+            raise ValueError(f"batch_size and micro_batch_size must be >= 1, got {batch_size}, {micro_batch_size}.")
+        self.samples, self.batch_size, self.micro_batch_size = samples, batch_size, micro_batch_size
+        self.pad_token_id, self.seed, self.group_by_length = pad_token_id, seed, group_by_length
+        self.length_group_steps, self.rank, self.world_size = length_group_steps, rank, world_size
+        self.epoch, self.position = 0, 0
+        n, g = len(samples), batch_size * world_size
+        self._num_steps = n // g + (1 if n % g >= world_size else 0)
+        if self._num_steps == 0:
+            raise ValueError(f"StepBatchLoader: {n} samples cannot give every one of {world_size} ranks a sample.")
+
+    def __len__(self) -> int:
+        return self._num_steps
+
+    def epoch_plan(self, epoch: int) -> list[list[int]]:
+        """The sample indices of this rank's steps in ``epoch`` (deterministic in ``seed``, ``epoch``)."""
+        rng = random.Random(self.seed * 1_000_003 + epoch)
+        order = list(range(len(self.samples)))
+        rng.shuffle(order)
+        g = self.batch_size * self.world_size
+        if self.group_by_length:
+            w = g * self.length_group_steps
+            order = [i for s in range(0, len(order), w)
+                     for i in sorted(order[s:s + w], key=lambda i: -len(self.samples[i]))]
+        steps = [order[s:s + g] for s in range(0, len(order), g)][: self._num_steps]
+        if self.group_by_length:
+            rng.shuffle(steps)
+        return [sorted(step[self.rank::self.world_size], key=lambda i: -len(self.samples[i])) for step in steps]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.position >= self._num_steps:  # the previous epoch was consumed: start the next one
+            self.epoch, self.position = self.epoch + 1, 0
+        plan = self.epoch_plan(self.epoch)
+        while self.position < self._num_steps:
+            step = plan[self.position]
+            self.position += 1  # counted when handed out: a checkpoint taken after this step resumes after it
+            m = self.micro_batch_size
+            yield {"micro_batches": [collate([self.samples[i] for i in step[s:s + m]], pad_token_id=self.pad_token_id)
+                                     for s in range(0, len(step), m)]}
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "position"}``: the epoch and the number of its steps already handed out."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore :meth:`state_dict` (Lightning calls it when resuming from a checkpoint)."""
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class SFTDataModule(LightningDataModule):
+    """Chat / prompt-completion / GSM8K JSONL files, or the synthetic arithmetic task, tokenised for SFT.
+
+    Every row is rendered once with the chat template (masks from the full render, DESIGN.md property 3), truncated
+    to ``max_length`` tokens keeping the start; rows left with no token for the loss head are dropped and counted
+    (``num_dropped_no_tokens``); bad rows stop the run naming file and line, or are skipped and counted
+    (``num_skipped_rows``) with ``on_bad_row="skip"``. The tokenizer and loss head default to the attached
+    LightningModule's (``model.tokenizer``, ``model.loss``), so the CLI needs no duplicate settings.
+
+    Args:
+        path: training JSONL file (ignored for ``format="arithmetic"``).
+        format: row format: ``"auto"`` (from the first row's keys), ``"chat"`` (``messages``),
+            ``"prompt_completion"`` (``prompt``/``completion``: strings or message lists), ``"gsm8k"``
+            (``question``/``answer``, answer kept verbatim) or ``"arithmetic"`` (synthetic "a + b", no file).
+        val_path: validation JSONL file (same format); ``None`` = split ``val_fraction`` off the training rows.
+        val_fraction: fraction of the training rows held out for validation when ``val_path`` is ``None``
+            (seeded); 0 = no validation unless ``val_path``.
+        limit: use only the first ``limit`` training rows (``None`` = all).
+        val_limit: use only the first ``limit`` validation rows (``None`` = all).
+        num_samples: number of arithmetic problems (``format="arithmetic"``); validation draws ``val_limit or 64``
+            others.
+        system_prompt: system message for GSM8K rows, string prompts and arithmetic problems (``None`` = none; the
+            template may add its default).
+        chat_template: Jinja string or ``.jinja`` path (``None`` = the tokenizer's own).
+        max_length: tokens kept per conversation (the start is kept).
+        batch_size: samples per optimizer step per rank.
+        micro_batch_size: samples per forward/backward pass (``None`` = ``batch_size``); ``batch_size /
+            micro_batch_size`` micro-batches are accumulated per step. Use this, not
+            ``trainer.accumulate_grad_batches``.
+        group_by_length: sort samples of similar length into the same step to cut padding.
+        length_group_steps: steps per length-sorting window (larger = less padding, less randomness).
+        on_bad_row: ``"raise"`` (stop with file, line and fix) or ``"skip"`` (skip, count, warn).
+        seed: seed of the validation split and of the per-epoch shuffles.
+        tokenizer: model name or path whose tokenizer to use; ``None`` = the attached module's tokenizer.
+        loss_head: loss head deciding which rows have trainable tokens; ``None`` = the attached module's ``loss``.
+        num_workers: DataLoader workers for validation (training collates in the main process; data is
+            tokenised once in ``setup``).
+    """
+
+    def __init__(self, path: str | None = None, *, format: RowFormat | Literal["arithmetic"] = "auto",
+                 val_path: str | None = None, val_fraction: float = 0.0, limit: int | None = None,
+                 val_limit: int | None = None, num_samples: int = 256, system_prompt: str | None = None,
+                 chat_template: str | None = None, max_length: int = 1024, batch_size: int = 8,
+                 micro_batch_size: int | None = None, group_by_length: bool = True, length_group_steps: int = 16,
+                 on_bad_row: Literal["raise", "skip"] = "raise", seed: int = 0, tokenizer: str | None = None,
+                 loss_head: Head | None = None, num_workers: int = 0) -> None:
+        super().__init__()
+        if format != "arithmetic" and not path:
+            raise ValueError("SFTDataModule: --data.path is required (a JSONL file of chats, prompt/completion pairs "
+                             "or GSM8K rows), unless --data.format arithmetic.")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"SFTDataModule: val_fraction must be in [0, 1), got {val_fraction}.")
+        if max_length < 2:
+            raise ValueError(f"SFTDataModule: max_length must be >= 2 tokens, got {max_length}.")
+        micro = micro_batch_size or batch_size
+        if batch_size < 1 or micro < 1 or batch_size % micro:
+            raise ValueError(f"SFTDataModule: batch_size ({batch_size}) must be a positive multiple of "
+                             f"micro_batch_size ({micro}).")
+        self.save_hyperparameters()
+        self.path, self.format, self.val_path, self.val_fraction = path, format, val_path, val_fraction
+        self.limit, self.val_limit, self.num_samples = limit, val_limit, num_samples
+        self.system_prompt, self.chat_template, self.max_length = system_prompt, chat_template, max_length
+        self.batch_size, self.micro_batch_size = batch_size, micro
+        self.group_by_length, self.length_group_steps = group_by_length, length_group_steps
+        self.on_bad_row, self.seed, self.num_workers = on_bad_row, seed, num_workers
+        self.tokenizer_name, self.loss_head = tokenizer, loss_head
+        self.tokenizer: Any = None
+        self.train_samples: list[TokenizedExample] = []
+        self.val_samples: list[TokenizedExample] = []
+        self.num_skipped_rows = 0
+        self.num_dropped_no_tokens = 0
+        self.num_truncated = 0
+        self._train_loader: StepBatchLoader | None = None
+        self._loader_state: dict[str, int] | None = None
+
+    # ------------------------------------------------------------------------------------------------------- setup
+    def _module_attr(self, name: str) -> Any:
+        module = getattr(self.trainer, "lightning_module", None) if self.trainer is not None else None
+        return getattr(module, name, None)
+
+    def _head(self) -> Head:
+        return self.loss_head or self._module_attr("loss") or "sft"
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read, tokenise, truncate and filter the data (once). Logs the skipped / dropped counts.
+
+        Raises:
+            FileNotFoundError, DataFormatError: missing file, bad row (``on_bad_row="raise"``), empty dataset, or
+                no sample left with trainable tokens.
+        """
+        if self.tokenizer is None:
+            self.tokenizer = (resolve_tokenizer(self.tokenizer_name) if self.tokenizer_name is not None
+                              else self._module_attr("tokenizer") or resolve_tokenizer(None))
+        if self.train_samples or self.val_samples:
+            return
+        skipped = _Skipped()
+        if self.format == "arithmetic":
+            train = arithmetic_examples(self.num_samples, seed=self.seed, system_prompt=self.system_prompt)
+            val = arithmetic_examples(self.val_limit or 64, seed=self.seed + 1, system_prompt=self.system_prompt)
+        else:
+            train = read_examples(self.path, fmt=self.format, system_prompt=self.system_prompt,
+                                  on_bad_row=self.on_bad_row, limit=self.limit, skipped=skipped)
+            val = []
+            if self.val_path:
+                val = read_examples(self.val_path, fmt=self.format, system_prompt=self.system_prompt,
+                                    on_bad_row=self.on_bad_row, limit=self.val_limit, skipped=skipped)
+            elif self.val_fraction > 0:
+                order = list(range(len(train)))
+                random.Random(self.seed).shuffle(order)
+                k = max(1, round(self.val_fraction * len(train)))
+                held = set(order[:k])
+                val = [e for i, e in enumerate(train) if i in held][: self.val_limit]
+                train = [e for i, e in enumerate(train) if i not in held]
+        self.train_samples = self._tokenize(train, skipped, "training")
+        self.val_samples = self._tokenize(val, skipped, "validation") if val else []
+        self.num_skipped_rows = skipped.count
+        if skipped.count:
+            shown = "; ".join(why for _, why in skipped.first)
+            rank_zero_warn(f"SFTDataModule: skipped {skipped.count} bad row(s) (on_bad_row='skip'). First: {shown}")
+        rank_zero_info(f"SFTDataModule: {len(self.train_samples)} training / {len(self.val_samples)} validation "
+                       f"samples; {self.num_truncated} truncated to max_length={self.max_length}, "
+                       f"{self.num_dropped_no_tokens} dropped with no trainable token (head {self._head()!r}), "
+                       f"{self.num_skipped_rows} bad rows skipped.")
+        self._log_counts()
+
+    def _tokenize(self, examples: list[Example], skipped: _Skipped, split: str) -> list[TokenizedExample]:
+        out, head = [], self._head()
+        for ex in examples:
+            try:
+                s = tokenize_example(ex, self.tokenizer, chat_template=self.chat_template, max_length=self.max_length)
+            except DataFormatError as e:
+                if self.on_bad_row == "raise":
+                    raise DataFormatError(f"{e} Fix the row, or set --data.on_bad_row skip.") from e
+                skipped.count += 1
+                if len(skipped.first) < 5:
+                    skipped.first.append((ex.sample_id, str(e)))
+                continue
+            self.num_truncated += int(s.truncated)
+            if trainable_tokens(s, head) == 0:
+                self.num_dropped_no_tokens += 1
+                continue
+            out.append(s)
+        if not out and split == "training":
+            raise DataFormatError(
+                f"SFTDataModule: no {split} sample left with a trainable token for loss head {head!r} (of "
+                f"{len(examples)} rows; {self.num_dropped_no_tokens} emptied by max_length={self.max_length}). "
+                f"Raise --data.max_length or check the data.")
+        return out
+
+    def _log_counts(self) -> None:
+        for logger in getattr(self.trainer, "loggers", None) or []:
+            logger.log_metrics({"data/skipped_rows": float(self.num_skipped_rows),
+                                "data/dropped_no_trainable_tokens": float(self.num_dropped_no_tokens),
+                                "data/truncated": float(self.num_truncated),
+                                "data/train_samples": float(len(self.train_samples))}, step=0)
+
+    # -------------------------------------------------------------------------------------------------- loaders
+    def train_dataloader(self) -> StepBatchLoader:
+        """The resumable per-optimizer-step loader (see :class:`StepBatchLoader`)."""
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        loader = StepBatchLoader(self.train_samples, batch_size=self.batch_size,
+                                 micro_batch_size=self.micro_batch_size, pad_token_id=self._pad_id(), seed=self.seed,
+                                 group_by_length=self.group_by_length, length_group_steps=self.length_group_steps,
+                                 rank=rank, world_size=world)
+        self._train_loader = loader
+        return loader
+
+    def val_dataloader(self) -> DataLoader | list:
+        """Micro-batches of ``micro_batch_size`` validation samples sorted by length (no shuffling); ``[]`` if none."""
+        if not self.val_samples:
+            return []
+        ordered = sorted(self.val_samples, key=len, reverse=True)
+        pad = self._pad_id()
+        return DataLoader(ordered, batch_size=self.micro_batch_size, shuffle=False, num_workers=self.num_workers,
+                          collate_fn=lambda s: collate(s, pad_token_id=pad))
+
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)

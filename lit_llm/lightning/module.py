@@ -1,0 +1,344 @@
+"""LightningModules: the shared policy/optimizer plumbing (:class:`PolicyModule`) and supervised fine-tuning
+(:class:`SFTModule`).
+
+Optimisation is **manual** (``automatic_optimization = False``): one training batch is one optimizer step made of
+micro-batches (see :mod:`lit_llm.lightning.datamodules`). The step's denominator (trained tokens, or sequences) is
+counted over all micro-batches and all-reduced over ranks *before* any backward pass, then each micro-batch's loss
+``sum / normalizer`` is back-propagated (DDP gradient sync only on the last micro-batch, the loss scaled by
+``world_size`` because DDP averages gradients). The sum of the micro-batch losses is therefore exactly the token mean
+of the whole step (DESIGN.md property 6). Consequences: set the accumulation with ``data.micro_batch_size``, clip with
+``model.grad_clip`` (``trainer.accumulate_grad_batches`` and ``trainer.gradient_clip_val`` must stay at their
+defaults; the module says so if not). Supported precisions: ``32-true`` and ``bf16-mixed`` (CPU or GPU).
+
+The loss maths (masks, reductions, KL) are :mod:`lit_llm.objectives.sft`'s; token log-probs and entropies come from
+the chunked kernel :func:`lit_llm.policy.logprobs.model_token_log_probs` (no ``[B, T, V]`` logits).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from contextlib import nullcontext
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
+from torchmetrics import SumMetric
+
+from lit_llm.lightning.metrics import argmax_hits, capture_last_hidden
+from lit_llm.models import DEFAULT_MODEL
+from lit_llm.objectives.sft import NonFiniteLossError, check_finite, loss_mask, sft_loss
+from lit_llm.policy.logprobs import model_token_log_probs
+
+__all__ = ["PolicyModule", "SFTModule", "load_policy_model"]
+
+
+def load_policy_model(name: str) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for a model name: ``"smollm2-135m-instruct"`` (embedded default), ``"tiny"`` (a random
+    tiny Llama over SmolLM2's tokenizer, for tests) or a local HF folder.
+
+    Raises:
+        FileNotFoundError: unknown name / path (see :func:`lit_llm.models.load_model`).
+    """
+    from lit_llm.models import load_model, load_tokenizer, tiny_model
+
+    if name == "tiny":
+        tokenizer = load_tokenizer()
+        return tiny_model(tokenizer), tokenizer
+    return load_model(name)
+
+
+class PolicyModule(LightningModule):
+    """Shared plumbing of the training modules: the causal LM, optimizer/scheduler, one manual optimizer step with
+    step-level normalisation, gradient clipping, non-finite guard and throughput metrics. Subclasses implement
+    :meth:`step_denominator` and :meth:`micro_batch_loss`.
+
+    Args:
+        model: ``"smollm2-135m-instruct"`` (the embedded SmolLM2-135M-Instruct), ``"tiny"`` (random tiny model, for
+            tests) or the path of a local HF folder.
+        optimizer: optimizer factory over the model's parameters (e.g. ``torch.optim.AdamW`` with ``lr`` in the
+            config).
+        lr_scheduler: optional scheduler factory, stepped once per optimizer step.
+        grad_clip: clip the global gradient norm to this value (``None`` = no clipping; the norm is logged anyway).
+        on_nonfinite: a NaN/inf loss or gradient norm either stops the run (``"raise"``, naming the step and the
+            sample ids) or skips the step (``"skip"``: gradients dropped, weights untouched, counted in
+            ``train/skipped_steps``).
+        gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% slower).
+        chunk_size: positions per LM-head chunk in the log-prob kernel.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, *, optimizer: OptimizerCallable = torch.optim.AdamW,
+                 lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
+                 on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
+                 chunk_size: int = 1024) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.model_name = model
+        self.model, self.tokenizer = load_policy_model(model)
+        self.model.train()  # load_model returns eval mode; Lightning keeps submodule modes as they are
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.optimizer_factory, self.lr_scheduler_factory = optimizer, lr_scheduler
+        self.grad_clip, self.on_nonfinite, self.chunk_size = grad_clip, on_nonfinite, chunk_size
+        # Persistent counters (saved in checkpoints, so resumed runs continue the curves).
+        self.register_buffer("trained_tokens", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("skipped_steps", torch.zeros((), dtype=torch.long))
+        self._step_start: float | None = None
+
+    # ----------------------------------------------------------------------------------------------- optimizer
+    def configure_optimizers(self) -> Any:
+        """The optimizer over the trainable parameters of ``self.model`` and, if configured, a per-step scheduler."""
+        opt = self.optimizer_factory([p for p in self.model.parameters() if p.requires_grad])
+        if self.lr_scheduler_factory is None:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.lr_scheduler_factory(opt), "interval": "step"}}
+
+    def on_fit_start(self) -> None:
+        """Reject Trainer options that do not apply to manual optimisation (with the replacement to use)."""
+        t = self.trainer
+        if t.accumulate_grad_batches != 1:
+            raise ValueError(f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} is not used: one training "
+                             f"batch is one optimizer step. Set data.batch_size (samples per step) and "
+                             f"data.micro_batch_size (samples per forward pass) instead.")
+        if t.gradient_clip_val:
+            raise ValueError(f"trainer.gradient_clip_val={t.gradient_clip_val} is not used with manual optimisation; "
+                             f"set model.grad_clip instead.")
+
+    # ---------------------------------------------------------------------------------------------- subclass API
+    def step_denominator(self, micro_batches: list[dict[str, Any]]) -> Tensor:
+        """This rank's count (tokens or sequences) of the whole step; summed over ranks by :meth:`training_step`."""
+        raise NotImplementedError
+
+    def micro_batch_loss(self, mb: dict[str, Any], normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """``(loss, stats)`` of one micro-batch: ``loss = sum / normalizer``; ``stats`` are detached sums to add."""
+        raise NotImplementedError
+
+    # -------------------------------------------------------------------------------------------------- training
+    def _all_sum(self, x: Tensor) -> Tensor:
+        return self.trainer.strategy.reduce(x, reduce_op="sum") if self.trainer.world_size > 1 else x
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        """One optimizer step over ``batch["micro_batches"]`` (see the module docstring)."""
+        opt = self.optimizers()
+        mbs = batch["micro_batches"]
+        step = self.global_step
+        normalizer = self._all_sum(self.step_denominator(mbs).float())
+        world = self.trainer.world_size
+        totals: dict[str, Tensor] = {}
+        bad: list[tuple[Tensor, list[str]]] = []  # (loss, sample ids) of micro-batches with a NaN/inf loss
+        for i, mb in enumerate(mbs):
+            sync = i == len(mbs) - 1
+            block = getattr(self.trainer.strategy, "block_backward_sync", None)
+            with nullcontext() if sync or block is None else block():
+                loss, stats = self.micro_batch_loss(mb, normalizer)
+                if not math.isfinite(float(loss)):
+                    bad.append((loss.detach(), list(mb["sample_ids"])))
+                    if world == 1 and self.on_nonfinite == "raise":
+                        check_finite(loss, step=step, sample_ids=mb["sample_ids"])  # raises before backward
+                self.manual_backward(loss * world)
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0) + v
+        if all("attention_mask" in mb for mb in mbs):  # every non-padding token that went through the model
+            totals["real_tokens"] = sum(mb["attention_mask"].sum() for mb in mbs).float()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or float("inf"))
+        # Every rank takes the same decision (a rank that raised alone would leave the others waiting).
+        flags = self._all_sum(torch.tensor([float(bool(bad)), float(not math.isfinite(float(grad_norm)))],
+                                           device=self.device))
+        if flags.sum().item() > 0:
+            if self.on_nonfinite == "raise":
+                if bad:
+                    check_finite(bad[0][0], step=step, sample_ids=bad[0][1])
+                ids = [s for mb in mbs for s in mb["sample_ids"]]
+                where = "on another rank" if flags[0].item() > 0 else f"(gradient norm {float(grad_norm)})"
+                raise NonFiniteLossError(
+                    f"Non-finite loss or gradient {where} at step {step}; this rank's sample ids: {ids[:32]}. The "
+                    f"weights were not updated. Fix: inspect those rows, lower the learning rate, or set "
+                    f"model.on_nonfinite skip.")
+            opt.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            self.log("train/skipped_steps", self.skipped_steps.float(), on_step=True, batch_size=1)
+            return torch.tensor(float("nan"))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()
+        self._log_step(totals, grad_norm, opt)
+        return totals.get("loss", torch.zeros(()))
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._step_start is None:
+            self._step_start = time.perf_counter()
+
+    def _log_step(self, totals: dict[str, Tensor], grad_norm: Tensor, opt: Any) -> None:
+        keys = sorted(totals)
+        summed = dict(zip(keys, self._all_sum(torch.stack([totals[k].float() for k in keys])).unbind()))
+        tokens = summed["num_tokens"]
+        self.trained_tokens += tokens.double()
+        now = time.perf_counter()
+        elapsed = now - (self._step_start or now)
+        self._step_start = now
+        n = max(float(tokens), 1.0)
+        log = {
+            "train/loss": summed["loss"],
+            "train/nll": summed["nll_sum"] / n,
+            "train/ppl": torch.exp(summed["nll_sum"] / n),
+            "train/entropy": summed["entropy_sum"] / n,
+            "train/token_accuracy": summed["hits"] / n,
+            "train/tokens": self.trained_tokens.float(),
+            "train/step_tokens": tokens,
+            "train/grad_norm": grad_norm.detach().float(),
+            "train/lr": torch.tensor(float(opt.param_groups[0]["lr"])),
+        }
+        if "kl" in summed:
+            log["train/kl"] = summed["kl"]
+        if elapsed > 0:  # trained (loss-masked) tokens and all non-padding tokens per second of wall time
+            log["train/tokens_per_sec"] = torch.tensor(float(tokens) / elapsed)
+            if "real_tokens" in summed:
+                log["train/real_tokens_per_sec"] = torch.tensor(float(summed["real_tokens"]) / elapsed)
+        self.log_dict(log, on_step=True, on_epoch=False, prog_bar=False, batch_size=1)
+        self.log("loss", summed["loss"], prog_bar=True, on_step=True, on_epoch=False, batch_size=1, logger=False)
+
+    # ------------------------------------------------------------------------------------------------ policy API
+    def policy(self, *, generate: bool = False, **kwargs: Any) -> Any:
+        """The model as a TorchRL-style :class:`~lit_llm.policy.transformers_wrapper.TransformersWrapper` sharing
+        these weights (built on demand, not a submodule: checkpoints hold the weights once).
+
+        Args:
+            generate: the generate version (``True``) or the log-prob version (``False``, with ``get_dist``).
+            **kwargs: more ``TransformersWrapper`` arguments (``input_mode`` defaults to ``"tokens"``).
+        """
+        from lit_llm.policy.transformers_wrapper import TransformersWrapper
+
+        kwargs.setdefault("input_mode", "tokens")
+        return TransformersWrapper(self.model, tokenizer=self.tokenizer, generate=generate, **kwargs)
+
+    # ------------------------------------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, prompts: list[Tensor], *, max_new_tokens: int = 64) -> list[Tensor]:
+        """Greedy completions of ``prompts`` (``B`` 1-D long id tensors, no padding), stopping at every EOS id.
+
+        Returns:
+            ``B`` 1-D long tensors: the generated ids, ending with the stop token unless truncated.
+        """
+        from lit_llm.policy.generation import generate_tokens, resolve_generation_config
+
+        config = resolve_generation_config({"max_new_tokens": max_new_tokens, "do_sample": False}, self.model,
+                                           self.tokenizer)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = generate_tokens(self.model, [p.to(self.device) for p in prompts], config)
+        finally:
+            self.model.train(was_training)
+        return [r.cpu() for r in out.response_ids]
+
+
+class SFTModule(PolicyModule):
+    """Supervised fine-tuning with a choice of loss head and an optional KL term to a frozen reference copy.
+
+    Heads (:func:`lit_llm.objectives.sft.loss_mask`): ``"sft"`` trains on the completion (prompt-masked),
+    ``"rlhf"`` on every assistant turn (assistant-masked), ``"generic"`` on every real token (attention-masked).
+
+    Args:
+        model: see :class:`PolicyModule`.
+        loss: the loss head, ``"sft"``, ``"rlhf"`` or ``"generic"``.
+        normalization: ``"token"`` = mean over the trained tokens of the whole optimizer step (all micro-batches,
+            all ranks); ``"sequence"`` = each sequence's token mean, averaged over the step's sequences.
+        kl_coef: weight of the k3 KL-to-reference term (``> 0`` keeps a frozen copy of the initial model, not
+            saved in checkpoints).
+        token_accuracy: compute the mean token accuracy (one extra LM-head matmul over the trained tokens).
+        **kwargs: the :class:`PolicyModule` options (optimizer, lr_scheduler, grad_clip, on_nonfinite,
+            gradient_checkpointing, chunk_size).
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, *, loss: Literal["sft", "rlhf", "generic"] = "sft",
+                 normalization: Literal["token", "sequence"] = "token", kl_coef: float = 0.0,
+                 token_accuracy: bool = True, optimizer: OptimizerCallable = torch.optim.AdamW,
+                 lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
+                 on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
+                 chunk_size: int = 1024) -> None:
+        super().__init__(model, optimizer=optimizer, lr_scheduler=lr_scheduler, grad_clip=grad_clip,
+                         on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
+                         chunk_size=chunk_size)
+        if loss not in ("sft", "rlhf", "generic"):
+            raise ValueError(f"SFTModule: loss must be 'sft', 'rlhf' or 'generic', got {loss!r}.")
+        if normalization not in ("token", "sequence"):
+            raise ValueError(f"SFTModule: normalization must be 'token' or 'sequence', got {normalization!r}.")
+        if kl_coef < 0:
+            raise ValueError(f"SFTModule: kl_coef must be >= 0, got {kl_coef}.")
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.loss, self.normalization, self.kl_coef, self.token_accuracy = loss, normalization, kl_coef, token_accuracy
+        self._reference: tuple[Any, ...] = ()
+        if kl_coef > 0:  # kept in a tuple: not a submodule, so not trained, not checkpointed, not exported
+            ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self._reference = (ref,)
+        self.val_sums = torch.nn.ModuleDict({k: SumMetric() for k in ("nll_sum", "num_tokens", "hits", "entropy_sum")})
+
+    @property
+    def reduction(self) -> Literal["token_mean", "sequence_mean"]:
+        """The :func:`~lit_llm.objectives.sft.sft_loss` reduction of :attr:`normalization`."""
+        return "token_mean" if self.normalization == "token" else "sequence_mean"
+
+    def mask(self, mb: dict[str, Any]) -> Tensor:
+        """``[B, T]`` bool loss mask of a micro-batch for the configured head."""
+        return loss_mask(self.loss, attention_mask=mb["attention_mask"], assistant_mask=mb["assistant_mask"],
+                         response_mask=mb["response_mask"])
+
+    def step_denominator(self, micro_batches: list[dict[str, Any]]) -> Tensor:
+        """Trained tokens (``normalization="token"``) or sequences with >= 1 trained token, over the micro-batches."""
+        masks = [self.mask(mb) for mb in micro_batches]
+        if self.normalization == "token":
+            return sum(m.sum() for m in masks)
+        return sum((m.sum(-1) > 0).sum() for m in masks)
+
+    def forward_stats(self, mb: dict[str, Any], mask: Tensor, *, normalizer: Tensor | None,
+                      reduction: str) -> tuple[Tensor, dict[str, Tensor]]:
+        """Run the policy on one micro-batch: ``(loss, stats)`` with detached sums (``loss``, ``nll_sum``,
+        ``num_tokens``, ``entropy_sum``, ``hits`` and ``kl`` with a reference)."""
+        ids, attn = mb["input_ids"], mb["attention_mask"]
+        with capture_last_hidden(self.model) as cap:
+            log_probs, entropy = model_token_log_probs(self.model, ids, attn, chunk_size=self.chunk_size,
+                                                       return_entropy=True)
+        ref = None
+        if self._reference:
+            reference = self._reference[0].to(self.device)
+            with torch.no_grad():
+                ref = model_token_log_probs(reference, ids, attn, chunk_size=self.chunk_size)
+        loss, metrics = sft_loss(log_probs, mask, normalizer=normalizer, reduction=reduction, ref_log_probs=ref,
+                                 kl_coef=self.kl_coef)
+        stats = {"loss": metrics["loss"], "nll_sum": metrics["nll_sum"], "num_tokens": metrics["num_tokens"],
+                 "entropy_sum": (entropy.detach() * mask).sum().float()}
+        if "kl" in metrics:
+            stats["kl"] = metrics["kl"]
+        hits = argmax_hits(cap.hidden, self.model, ids, mask, chunk_size=self.chunk_size) if self.token_accuracy \
+            else torch.zeros((), device=ids.device)
+        stats["hits"] = hits.float()
+        return loss, stats
+
+    def micro_batch_loss(self, mb: dict[str, Any], normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """``sft_loss`` of one micro-batch normalised by the step-level ``normalizer``."""
+        return self.forward_stats(mb, self.mask(mb), normalizer=normalizer, reduction=self.reduction)
+
+    # ------------------------------------------------------------------------------------------------ validation
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Accumulate the NLL sum, token count, argmax hits and entropy sum of the validation set."""
+        _, stats = self.forward_stats(batch, self.mask(batch), normalizer=None, reduction="token_mean")
+        for k, metric in self.val_sums.items():
+            metric.update(stats[k])
+
+    def on_validation_epoch_end(self) -> None:
+        """Log ``val/loss`` (token-mean NLL of the whole validation set), ``val/ppl``, ``val/token_accuracy``,
+        ``val/entropy``."""
+        sums = {k: m.compute() for k, m in self.val_sums.items()}
+        for m in self.val_sums.values():
+            m.reset()
+        n = sums["num_tokens"].clamp(min=1)
+        nll = sums["nll_sum"] / n
+        self.log_dict({"val/loss": nll, "val/ppl": torch.exp(nll), "val/token_accuracy": sums["hits"] / n,
+                       "val/entropy": sums["entropy_sum"] / n, "val/tokens": sums["num_tokens"]},
+                      prog_bar=False, batch_size=1, sync_dist=False)

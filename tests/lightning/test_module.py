@@ -1,0 +1,231 @@
+"""SFTModule: loss values per head against a hand computation, step normalisation across micro-batches, the
+non-finite guard, token accuracy, KL to the reference."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+
+from lit_llm.data.datasets import collate, read_examples, tokenize_example
+from lit_llm.lightning.datamodules import SFTDataModule
+from lit_llm.lightning.metrics import argmax_hits, capture_last_hidden
+from lit_llm.lightning.module import SFTModule
+from lit_llm.objectives.sft import NonFiniteLossError
+
+ROWS = [
+    {"prompt": "Name a colour.", "completion": "Blue"},
+    {"prompt": "Count to five.", "completion": "one two three four five, and then six seven eight nine ten"},
+    {"prompt": "Say yes.", "completion": "yes indeed"},
+    {"prompt": "Describe the sea.", "completion": "The sea is wide, deep, salty and blue, with waves and tides."},
+]
+
+
+@pytest.fixture
+def rows_path(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+@pytest.fixture
+def batch(rows_path, tokenizer):
+    examples = read_examples(rows_path)
+    samples = [tokenize_example(e, tokenizer) for e in examples[:2]]
+    return collate(samples, pad_token_id=tokenizer.pad_token_id)
+
+
+def naive_token_log_probs(model, input_ids, attention_mask):
+    """``[B, T]`` log p(x_t | x_<t) from full logits (right padding: default positions are right)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.cat([torch.zeros(lp.shape[0], 1), lp], 1)
+
+
+@pytest.mark.parametrize("head", ["sft", "rlhf", "generic"])
+def test_head_loss_matches_hand_computation(batch, head):
+    module = SFTModule("tiny", loss=head)
+    attn = batch["attention_mask"].bool()
+    if head == "sft":
+        mask = batch["response_mask"].clone()
+    elif head == "rlhf":
+        mask = batch["assistant_mask"].clone()
+    else:
+        mask = attn.clone()
+        mask[:, 0] = False  # the first token has no prediction
+    assert mask.sum() > 0
+    with torch.no_grad():
+        lp = naive_token_log_probs(module.model, batch["input_ids"], batch["attention_mask"])
+        expected = -(lp * mask).sum() / mask.sum()
+        denom = module.step_denominator([batch])
+        loss, stats = module.micro_batch_loss(batch, denom)
+    assert int(denom) == int(mask.sum())
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    assert int(stats["num_tokens"]) == int(mask.sum())
+
+
+def test_sft_and_rlhf_differ_only_on_multi_turn(batch):
+    assert torch.equal(batch["response_mask"], batch["assistant_mask"])  # single-turn rows: same tokens
+
+
+def fit_one_step(rows_path, tokenizer, *, micro: int, normalization: str = "token", **module_kw):
+    torch.manual_seed(0)
+    module = SFTModule("tiny", normalization=normalization, optimizer=partial(torch.optim.SGD, lr=1.0),
+                       grad_clip=None, token_accuracy=False, **module_kw)
+    dm = SFTDataModule(str(rows_path), batch_size=4, micro_batch_size=micro)
+    dm.tokenizer = tokenizer
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, accelerator="cpu", devices=1)
+    trainer.fit(module, dm)
+    return module, dm
+
+
+@pytest.mark.parametrize("normalization", ["token", "sequence"])
+def test_two_micro_batches_equal_one_batch(rows_path, tokenizer, normalization):
+    """Property 6: one step of 2 micro-batches with different token counts == the same step as one batch."""
+    one, dm = fit_one_step(rows_path, tokenizer, micro=4, normalization=normalization)
+    two, dm2 = fit_one_step(rows_path, tokenizer, micro=2, normalization=normalization)
+    assert [len(next(iter(d.train_dataloader()))["micro_batches"]) for d in (dm, dm2)] == [1, 2]
+    counts = [int(one.mask(mb).sum()) for mb in next(iter(dm2.train_dataloader()))["micro_batches"]]
+    assert counts[0] != counts[1]  # the two micro-batches carry different token counts
+    moved = 0.0
+    for (name, p1), p2 in zip(one.model.named_parameters(), two.model.parameters()):
+        torch.testing.assert_close(p1, p2, rtol=0, atol=2e-6, msg=name)
+    from lit_llm.models import tiny_model
+
+    fresh = tiny_model(tokenizer)
+    for p1, p0 in zip(one.model.parameters(), fresh.parameters()):
+        moved = max(moved, float((p1 - p0).abs().max()))
+    assert moved > 1e-3  # the step did change the weights
+
+
+def test_mean_of_micro_batch_means_would_differ(rows_path, tokenizer):
+    """Guard for the test above: with these rows the naive mean of per-micro-batch means is a different number."""
+    module = SFTModule("tiny", token_accuracy=False)
+    samples = [tokenize_example(e, tokenizer) for e in read_examples(rows_path)]
+    full = collate(samples, pad_token_id=0)
+    halves = [collate(samples[i:i + 2], pad_token_id=0) for i in (0, 2)]
+    with torch.no_grad():
+        whole, _ = module.micro_batch_loss(full, module.step_denominator([full]))
+        split = sum(module.micro_batch_loss(h, module.step_denominator(halves))[0] for h in halves)
+        naive = sum(module.micro_batch_loss(h, module.step_denominator([h]))[0] for h in halves) / 2
+    torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
+    assert abs(float(naive) - float(whole)) > 1e-3
+
+
+def nan_loss(module):
+    original = module.micro_batch_loss
+
+    def patched(mb, normalizer):
+        loss, stats = original(mb, normalizer)
+        return loss * float("nan"), stats
+
+    module.micro_batch_loss = patched
+
+
+def test_nonfinite_loss_raises_with_step_and_ids(rows_path, tokenizer):
+    module = SFTModule("tiny", token_accuracy=False)
+    nan_loss(module)
+    dm = SFTDataModule(str(rows_path), batch_size=2)
+    dm.tokenizer = tokenizer
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0)
+    with pytest.raises(NonFiniteLossError, match=r"at step 0 for the batch with sample ids \[.*rows\.jsonl:\d"):
+        trainer.fit(module, dm)
+
+
+def test_nonfinite_loss_skip_keeps_weights(rows_path, tokenizer):
+    module = SFTModule("tiny", token_accuracy=False, on_nonfinite="skip")
+    before = [p.detach().clone() for p in module.model.parameters()]
+    nan_loss(module)
+    dm = SFTDataModule(str(rows_path), batch_size=2)
+    dm.tokenizer = tokenizer
+    trainer = Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(module, dm)
+    assert int(module.skipped_steps) == 2 and trainer.global_step == 0
+    for p0, p1 in zip(before, module.model.parameters()):
+        assert torch.equal(p0, p1)
+
+
+def test_trainer_accumulation_is_rejected(rows_path, tokenizer):
+    module = SFTModule("tiny")
+    dm = SFTDataModule(str(rows_path), batch_size=2)
+    dm.tokenizer = tokenizer
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, accumulate_grad_batches=2,
+                      enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(Exception, match=r"accumulate_grad_batches|micro_batch_size"):
+        trainer.fit(module, dm)
+
+
+def test_argmax_hits_match_full_logits(batch):
+    module = SFTModule("tiny")
+    mask = module.mask(batch)
+    with torch.no_grad(), capture_last_hidden(module.model) as cap:
+        logits = module.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    pred = logits[:, :-1].argmax(-1)
+    expected = ((pred == batch["input_ids"][:, 1:]) & mask[:, 1:]).sum()
+    assert int(argmax_hits(cap.hidden, module.model, batch["input_ids"], mask, chunk_size=3)) == int(expected)
+
+
+def test_kl_to_reference_is_zero_at_start(batch):
+    module = SFTModule("tiny", kl_coef=0.5)
+    assert "_reference" not in dict(module.named_children())
+    assert not any(k.startswith("_reference") for k in module.state_dict())
+    with torch.no_grad():
+        loss, stats = module.micro_batch_loss(batch, module.step_denominator([batch]))
+    assert float(stats["kl"]) == pytest.approx(0.0, abs=1e-6)
+    torch.testing.assert_close(loss, stats["nll_sum"] / stats["num_tokens"], rtol=1e-6, atol=1e-6)
+
+
+def test_policy_wrapper_shares_weights():
+    module = SFTModule("tiny")
+    policy = module.policy()
+    assert policy.model is module.model
+    assert not any(k.startswith("policy") for k in module.state_dict())
+
+
+def test_bf16_mixed_on_cpu(rows_path, tokenizer):
+    torch.manual_seed(0)
+    module = SFTModule("tiny", optimizer=partial(torch.optim.AdamW, lr=1e-3))
+    dm = SFTDataModule(str(rows_path), batch_size=2, val_fraction=0.25)
+    dm.tokenizer = tokenizer
+    trainer = Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, precision="bf16-mixed", accelerator="cpu")
+    trainer.fit(module, dm)
+    assert trainer.global_step == 2
+    assert module.model.model.embed_tokens.weight.dtype == torch.float32  # master weights stay fp32
+    metrics = trainer.callback_metrics
+    assert torch.isfinite(metrics["train/loss"]) and torch.isfinite(metrics["val/loss"])
+
+
+def test_nonfinite_gradient_raises(rows_path, tokenizer):
+    module = SFTModule("tiny", token_accuracy=False)
+    original = module.micro_batch_loss
+
+    def inf_grad(mb, normalizer):  # finite loss value, infinite gradient
+        loss, stats = original(mb, normalizer)
+        return loss + _InfGrad.apply(module.model.model.norm.weight), stats
+
+    module.micro_batch_loss = inf_grad
+    dm = SFTDataModule(str(rows_path), batch_size=2)
+    dm.tokenizer = tokenizer
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0)
+    with pytest.raises(NonFiniteLossError, match=r"gradient norm inf\) at step 0; this rank's sample ids"):
+        trainer.fit(module, dm)
+
+
+class _InfGrad(torch.autograd.Function):
+    """0 in the forward pass, an infinite gradient in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.sum() * 0.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.full((64,), float("inf"))  # the tiny model's hidden size
