@@ -1,0 +1,126 @@
+"""Seconds per GRPO optimizer step, split into generation and training (issue 6 benchmark).
+
+Setting (issue 6): the embedded SmolLM2-135M-Instruct, 8 prompts x 8 generations, at most 32 new tokens, sampling at
+temperature 1.0, on the synthetic arithmetic prompts, one optimizer step per batch (``dapo`` loss, AdamW). Each
+precision runs in a fresh Lightning ``Trainer`` for ``--steps`` steps; the first ``--warmup`` steps are discarded and
+the median of the rest is reported: ``step`` (s), ``generation`` (rollout sampling, KV cache), ``training``
+(log-probs of the completion tokens with the chunked LM head + backward + optimizer), tokens/s of training, and the
+peak RSS of the process.
+
+When ``trl`` is installed (``pip install -e '.[bench]'``) TRL's ``GRPOTrainer`` runs with the same settings in the
+same invocation (``--trl``) and its median step time is printed beside ours. Measured outside this project on this
+machine, TRL took 39.9-40.9 s per step (generation 10.8 s, training 29-30 s) in fp32.
+
+Usage::
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_step.py                       # fp32 and bf16-mixed
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_step.py --model tiny --steps 3 --precisions 32-true  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import time
+from functools import partial
+
+import torch
+from lightning.pytorch import Callback, Trainer
+
+from lit_llm.lightning.grpo import GRPOModule
+from lit_llm.lightning.grpo_data import GRPODataModule
+
+REWARDS = ["lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward"]
+
+
+class _Times(Callback):
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        m = trainer.callback_metrics
+        self.rows.append({k: float(m[k]) for k in ("time/step", "time/generation", "time/training",
+                                                   "train/tokens_per_sec") if k in m})
+
+
+def run_ours(model: str, precision: str, steps: int, warmup: int, prompts: int, generations: int,
+             max_new_tokens: int) -> dict[str, float]:
+    """Median step / generation / training seconds of ``steps - warmup`` GRPO steps."""
+    module = GRPOModule(model, reward_funcs=REWARDS, num_generations=generations, max_new_tokens=max_new_tokens,
+                        temperature=1.0, micro_batch_size=prompts * generations, log_samples_every=0,
+                        optimizer=partial(torch.optim.AdamW, lr=1e-6))
+    data = GRPODataModule("arithmetic", batch_size=prompts, num_train=prompts * steps, num_eval=0)
+    times = _Times()
+    trainer = Trainer(max_steps=steps, precision=precision, accelerator="auto", devices=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      num_sanity_val_steps=0, limit_val_batches=0, callbacks=[times])
+    trainer.fit(module, data)
+    rows = times.rows[warmup:] or times.rows
+    out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    return out
+
+
+def run_trl(precision: str, steps: int, prompts: int, generations: int, max_new_tokens: int) -> float | None:
+    """Median seconds per step of TRL's ``GRPOTrainer`` with the same settings, or ``None`` without ``trl``."""
+    try:
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError:
+        return None
+    from lit_llm.data.arithmetic import arithmetic_prompts
+    from lit_llm.models import load_model
+    from lit_llm.rewards import strict_arithmetic_reward
+
+    model, tokenizer = load_model()
+    rows = arithmetic_prompts(prompts * steps, seed=0)
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    config = GRPOConfig(output_dir="/tmp/lit_llm_trl_bench", per_device_train_batch_size=prompts * generations,
+                        num_generations=generations, max_completion_length=max_new_tokens, temperature=1.0,
+                        max_steps=steps, learning_rate=1e-6, logging_steps=1, report_to=[], save_strategy="no",
+                        bf16=precision == "bf16-mixed", use_cpu=not torch.cuda.is_available())
+    stamps: list[float] = []
+
+    from transformers import TrainerCallback
+
+    class _Stamp(TrainerCallback):
+        def on_step_end(self, *args, **kwargs):
+            stamps.append(time.perf_counter())
+
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[strict_arithmetic_reward],
+                          args=config, train_dataset=dataset, callbacks=[_Stamp()])
+    start = time.perf_counter()
+    trainer.train()
+    deltas = [b - a for a, b in zip([start, *stamps], stamps)]
+    return statistics.median(deltas[1:] or deltas)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"])
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--trl", action="store_true", help="also run TRL's GRPOTrainer (needs trl)")
+    a = p.parse_args()
+    print(f"{a.prompts} prompts x {a.generations} generations, <= {a.max_new_tokens} new tokens, model {a.model}, "
+          f"{torch.get_num_threads()} threads")
+    for precision in a.precisions:
+        r = run_ours(a.model, precision, a.steps, a.warmup, a.prompts, a.generations, a.max_new_tokens)
+        line = (f"lit_llm {precision:>10}: step {r['time/step']:.2f} s = generation {r['time/generation']:.2f} s + "
+                f"training {r['time/training']:.2f} s; {r.get('train/tokens_per_sec', float('nan')):.0f} trained "
+                f"tokens/s; peak RSS {r['peak_rss_gb']:.2f} GB")
+        print(line, flush=True)
+        if a.trl:
+            t = run_trl(precision, a.steps, a.prompts, a.generations, a.max_new_tokens)
+            print(f"TRL     {precision:>10}: " + ("trl not installed" if t is None else
+                                                  f"step {t:.2f} s -> lit_llm is {t / r['time/step']:.2f}x"),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
