@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,33 +284,37 @@ def read_examples(path: str | os.PathLike, *, fmt: RowFormat = "auto", system_pr
     return examples
 
 
-def arithmetic_examples(num: int, *, seed: int = 0, digits: int = 2, system_prompt: str | None = None) -> list[Example]:
-    """The synthetic arithmetic task (no download): ``"What is {a} + {b}? Reply with just the number."`` -> ``a+b``.
+def arithmetic_examples(num: int, num_val: int = 0, *, seed: int = 0, low: int = 10, high: int = 99,
+                        ops: Sequence[str] = ("+",), system_prompt: str | None = None
+                        ) -> tuple[list[Example], list[Example]]:
+    """The synthetic arithmetic task (no download) as SFT examples: ``"What is 47 + 38? Reply with just the number."``
+    -> ``"85"``, drawn by :func:`lit_llm.data.arithmetic.arithmetic_split` (the same problems GRPO uses).
 
     Args:
-        num: number of problems (>= 1).
-        seed: the problems are a deterministic function of ``seed``.
-        digits: operands are drawn uniformly from the ``digits``-digit numbers (``digits=2``: 10..99).
+        num: number of training problems (>= 1).
+        num_val: number of validation problems, disjoint from the training ones (0 = none).
+        seed: the problems are a deterministic function of ``seed`` and the other arguments.
+        low, high: operand range, inclusive.
+        ops: operators drawn uniformly, from ``"+"``, ``"-"``, ``"*"``.
         system_prompt: optional system message.
 
     Returns:
-        ``num`` examples (prompt = the user question, completion = the sum as text; ``sample_id="arithmetic:i"``).
+        ``(train, val)`` examples (prompt = the question, completion = the result as text; ``sample_id`` =
+        ``"arithmetic-<split>:i"``; ``reference`` = the result).
 
     Raises:
-        ValueError: ``num < 1`` or ``digits < 1``.
+        ValueError: ``num < 1``, a bad range or operator, or fewer distinct problems than asked for.
     """
-    if num < 1 or digits < 1:
-        raise ValueError(f"arithmetic_examples: num and digits must be >= 1, got num={num}, digits={digits}.")
-    rng = random.Random(seed)
-    lo, hi = (10 ** (digits - 1) if digits > 1 else 0), 10**digits - 1
-    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    out = []
-    for i in range(num):
-        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        prompt = system + [{"role": "user", "content": f"What is {a} + {b}? Reply with just the number."}]
-        out.append(Example(prompt + [{"role": "assistant", "content": str(a + b)}], len(prompt), f"arithmetic:{i}",
-                           str(a + b)))
-    return out
+    from lit_llm.data.arithmetic import arithmetic_split
+
+    train_rows, val_rows = arithmetic_split(num, max(num_val, 1), seed=seed, low=low, high=high, ops=ops,
+                                            system_prompt=system_prompt)
+
+    def to_example(row: dict[str, Any]) -> Example:
+        completion = [{"role": "assistant", "content": row["answer"]}]
+        return Example(row["prompt"] + completion, len(row["prompt"]), row["sample_id"], row["answer"])
+
+    return [to_example(r) for r in train_rows], [to_example(r) for r in val_rows[:num_val]]
 
 
 # ------------------------------------------------------------------------------------------------------- tokenising

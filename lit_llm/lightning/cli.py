@@ -127,5 +127,11 @@ def main(args: Sequence[str] | None = None) -> LitLLMCLI | None:
                                     "`lit-llm plot LOG_DIR [--out PNG]` (training curves)."})
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+    """The ``lit-llm`` console script: :func:`main` without a return value (a returned object would become the
+    process exit status)."""
     main()
+
+
+if __name__ == "__main__":
+    console_main()

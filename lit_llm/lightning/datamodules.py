@@ -221,8 +221,8 @@ class SFTDataModule(LightningDataModule):
             return
         skipped = _Skipped()
         if self.format == "arithmetic":
-            train = arithmetic_examples(self.num_samples, seed=self.seed, system_prompt=self.system_prompt)
-            val = arithmetic_examples(self.val_limit or 64, seed=self.seed + 1, system_prompt=self.system_prompt)
+            train, val = arithmetic_examples(self.num_samples, self.val_limit or 64, seed=self.seed,
+                                             system_prompt=self.system_prompt)
         else:
             train = read_examples(self.path, fmt=self.format, system_prompt=self.system_prompt,
                                   on_bad_row=self.on_bad_row, limit=self.limit, skipped=skipped)

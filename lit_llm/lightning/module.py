@@ -137,7 +137,7 @@ class PolicyModule(LightningModule):
                 if not math.isfinite(float(loss)):
                     bad.append((loss.detach(), list(mb["sample_ids"])))
                     if world == 1 and self.on_nonfinite == "raise":
-                        check_finite(loss, step=step, sample_ids=mb["sample_ids"])  # raises before backward
+                        check_finite(loss.detach(), step=step, sample_ids=mb["sample_ids"])  # raises before backward
                 self.manual_backward(loss * world)
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0) + v

@@ -167,3 +167,19 @@ def test_ddp_two_cpu_ranks_match_one_process(tmp_path):
     assert sorted(ddp) == sorted(single) == [0, 1, 2, 3]
     for s in range(4):
         assert ddp[s] == pytest.approx(single[s], rel=1e-5, abs=1e-5), s
+
+
+def test_console_script_exits_zero_on_success():
+    """The installed `lit-llm` script must exit 0 after a successful LightningCLI subcommand."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "lit-llm"
+    if not script.exists():
+        pytest.skip("lit-llm console script not installed in this environment (pip install -e .)")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([str(script), "fit", "--config", str(root / "configs" / "sft_tiny.yaml"), "--print_config"],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "lit_llm.lightning.SFTModule" in proc.stdout

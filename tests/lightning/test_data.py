@@ -94,11 +94,14 @@ def test_gsm8k_answer_verbatim(gsm8k_dir, tokenizer):
 
 
 def test_arithmetic_task_is_deterministic():
-    a, b = arithmetic_examples(3, seed=5), arithmetic_examples(3, seed=5)
+    (a, a_val), (b, _) = arithmetic_examples(3, 40, seed=5), arithmetic_examples(3, 40, seed=5)
     assert [e.messages for e in a] == [e.messages for e in b]
     q = a[0].messages[0]["content"]
     x, y = (int(v) for v in q.removeprefix("What is ").split("?")[0].split(" + "))
     assert a[0].reference == str(x + y) and 10 <= x <= 99 and 10 <= y <= 99
+    assert a[0].messages[-1] == {"role": "assistant", "content": str(x + y)} and a[0].num_prompt_messages == 1
+    # train and validation problems are disjoint
+    assert len(a_val) == 40 and not {e.messages[0]["content"] for e in a} & {e.messages[0]["content"] for e in a_val}
 
 
 @pytest.mark.parametrize(("lines", "match"), [
