@@ -134,7 +134,7 @@ class PolicyModule(LightningModule):
             block = getattr(self.trainer.strategy, "block_backward_sync", None)
             with nullcontext() if sync or block is None else block():
                 loss, stats = self.micro_batch_loss(mb, normalizer)
-                if not math.isfinite(float(loss)):
+                if not math.isfinite(float(loss.detach())):
                     bad.append((loss.detach(), list(mb["sample_ids"])))
                     if world == 1 and self.on_nonfinite == "raise":
                         check_finite(loss.detach(), step=step, sample_ids=mb["sample_ids"])  # raises before backward
