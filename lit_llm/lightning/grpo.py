@@ -56,7 +56,7 @@ from torchmetrics import MeanMetric
 from lit_llm.lightning.module import PolicyModule
 from lit_llm.models import DEFAULT_MODEL
 from lit_llm.objectives.grpo import effective_completion_mask, grpo_loss
-from lit_llm.policy.logprobs import IGNORE_INDEX, _backbone_and_head, chunked_token_log_probs
+from lit_llm.policy.logprobs import model_token_log_probs
 from lit_llm.policy.rollout import AsyncRollouts, RolloutEngine, policy_responses, tokenize_prompts
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
@@ -114,19 +114,8 @@ def completion_log_probs(model: Any, input_ids: Tensor, attention_mask: Tensor, 
     Returns:
         fp32 ``[B, T]`` log-probs (0.0 outside ``completion_mask``), and the entropies alike with ``return_entropy``.
     """
-    mask = attention_mask.bool()
-    backbone, head = _backbone_and_head(model)
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = backbone(input_ids=input_ids, attention_mask=mask.long(), position_ids=position_ids, use_cache=False)
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    scored = completion_mask[:, 1:].bool() & mask[:, :-1] & mask[:, 1:]
-    targets = input_ids[:, 1:].long().masked_fill(~scored, IGNORE_INDEX)
-    res = chunked_token_log_probs(hidden[:, :-1], head.weight, targets, bias=getattr(head, "bias", None),
-                                  temperature=temperature, chunk_size=chunk_size, return_entropy=return_entropy)
-    pad = torch.zeros(input_ids.shape[0], 1, dtype=torch.float32, device=input_ids.device)
-    if return_entropy:
-        return torch.cat([pad, res[0]], 1), torch.cat([pad, res[1]], 1)
-    return torch.cat([pad, res], 1)
+    return model_token_log_probs(model, input_ids, attention_mask, temperature=temperature, chunk_size=chunk_size,
+                                 return_entropy=return_entropy, score_mask=completion_mask)
 
 
 class RolloutWeightSync(Callback):
@@ -268,6 +257,10 @@ class GRPOModule(PolicyModule):
         self._num_mbs = 1
         self._iter_stats: list[dict[str, Tensor]] = []
         self._ratio_range = (float("inf"), float("-inf"))  # this rank's ratio min / max over the batch's steps
+
+    def setup(self, stage: str) -> None:
+        """Give the rollout engine this process's DDP rank: every rank samples from its own seeded stream."""
+        self.engine.rank = self.global_rank
 
     # ------------------------------------------------------------------------------------------------- rollouts
     def wrap_train_loader(self, loader: Any) -> Any:

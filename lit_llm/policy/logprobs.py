@@ -305,6 +305,7 @@ def model_token_log_probs(
     chunk_size: int = 1024,
     return_entropy: bool = False,
     matmul_dtype: torch.dtype | None = None,
+    score_mask: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Teacher-forced ``log_probs.full`` of an HF causal LM without materialising ``[B, T, V]`` logits.
 
@@ -323,10 +324,14 @@ def model_token_log_probs(
         chunk_size: rows per LM-head chunk (see :func:`chunked_token_log_probs`).
         return_entropy: also return the per-position entropy of the predicting distribution.
         matmul_dtype: dtype of the LM-head matmul (``None`` = fp32; see :func:`chunked_token_log_probs`).
+        score_mask: optional ``[B, T]`` bool: score only these positions (e.g. a GRPO completion mask); the LM head
+            is applied there only, so prompt tokens cost the backbone alone (TRL's ``logits_to_keep``). Other
+            positions are 0.0. ``None`` = every real token.
 
     Returns:
-        fp32 ``[B, T]`` with ``out[:, t] = log p(x_t | x_<t)`` for every real token that has a real token before it;
-        0.0 at each row's first real token (position 0 of the unpadded row) and at padding. With
+        fp32 ``[B, T]`` with ``out[:, t] = log p(x_t | x_<t)`` for every real token that has a real token before it
+        (and is in ``score_mask`` when given); 0.0 at each row's first real token (position 0 of the unpadded row),
+        at padding and outside ``score_mask``. With
         ``return_entropy``: ``(log_probs, entropy)``, the entropy at ``t`` being that of ``p(. | x_<t)``, zeroed alike.
 
     Raises:
@@ -343,6 +348,11 @@ def model_token_log_probs(
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     # hidden[:, t-1] predicts x_t; score x_t only if x_t and x_{t-1} are both real tokens.
     scored = mask[:, 1:] & mask[:, :-1]
+    if score_mask is not None:
+        if score_mask.shape != input_ids.shape:
+            raise ValueError(f"score_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
+                             f"got {tuple(score_mask.shape)}.")
+        scored = scored & score_mask[:, 1:].bool()
     targets = input_ids[:, 1:].long().masked_fill(~scored, IGNORE_INDEX)
     res = chunked_token_log_probs(
         hidden[:, :-1], head.weight, targets, bias=getattr(head, "bias", None), temperature=temperature,

@@ -11,9 +11,10 @@ log-probs become the old log-probs of the GRPO ratio (so staleness is importance
 Two modes:
 
 * **synchronous** (:meth:`RolloutEngine.rollout` on the trained model itself): with ``seed`` set, the sampling RNG is
-  reseeded from ``(seed, step)`` for every call inside ``torch.random.fork_rng`` (the caller's RNG stream is left
-  untouched), so the rollouts of step ``s`` are a function of the weights, the prompts, ``seed`` and ``s`` only:
-  bit-reproducible, also after a checkpoint resume. Bit-reproducibility requires ``num_workers=1``.
+  reseeded from ``(seed, step, rank)`` for every call inside ``torch.random.fork_rng`` (the caller's RNG stream is left
+  untouched), so the rollouts of step ``s`` are a function of the weights, the prompts, ``seed``, ``s`` and the DDP
+  rank only (every rank samples from its own stream): bit-reproducible, also after a checkpoint resume.
+  Bit-reproducibility requires ``num_workers=1``.
 * **asynchronous** (:class:`AsyncRollouts`): a background thread produces the next rollout batches from a separately
   held copy of the weights (an engine over ``copy.deepcopy(model)``), refreshed by :meth:`AsyncRollouts.sync_weights`
   (called every ``sync_every`` optimizer steps by a callback). A rollout generated with weights of version ``v`` and
@@ -184,6 +185,9 @@ class RolloutEngine:
         num_workers: threads that call the policy concurrently, each on a contiguous share of the ``N`` rows
             (1 = one call; > 1 is useful with the wrapper's batcher and is not bit-reproducible).
         version: initial policy version (optimizer steps of the weights the policy holds).
+        rank: the process rank under data parallelism (DDP); mixed into the sampling seed so that the ranks draw
+            from different streams (rank 0's stream is the single-process one). :class:`GRPOModule` sets it to
+            ``trainer.global_rank``.
 
     Raises:
         RolloutError: ``num_generations < 2``, ``num_workers < 1``, a policy that is not a tokens-mode generate
@@ -192,7 +196,7 @@ class RolloutEngine:
 
     def __init__(self, policy: Any, *, tokenizer: Any, reward_fn: RewardCallable, num_generations: int,
                  scale_rewards: Literal["group", "batch", "none"] = "group", seed: int | None = 0,
-                 chat_template: str | None = None, num_workers: int = 1, version: int = 0) -> None:
+                 chat_template: str | None = None, num_workers: int = 1, version: int = 0, rank: int = 0) -> None:
         if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
             raise RolloutError(f"num_generations must be an int >= 2 (GRPO compares completions within a group), got "
                                f"{num_generations!r}; set num_generations to 2 or more.")
@@ -205,8 +209,17 @@ class RolloutEngine:
         self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
         self.num_generations, self.scale_rewards, self.seed = num_generations, scale_rewards, seed
         self.chat_template, self.num_workers, self.version = chat_template, num_workers, version
+        self.rank = int(rank)
         self.pad_token_id = int(policy.generation_config.pad_token_id)
         self.max_new_tokens = int(policy.generation_config.max_new_tokens)
+
+    def sampling_seed(self, step: int) -> int | None:
+        """The seed of the synchronous sampling stream at ``step`` on this :attr:`rank` (``None`` without ``seed``).
+
+        A function of ``(seed, step, rank)`` only: runs (and resumed runs) are reproducible, and under DDP every rank
+        samples from its own stream.
+        """
+        return None if self.seed is None else _mix_seed(self.seed, step, self.rank)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -286,7 +299,7 @@ class RolloutEngine:
             device = self.policy.device
             devices = [device] if device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(_mix_seed(self.seed, step))
+                torch.manual_seed(self.sampling_seed(step))
                 resp, resp_lp, truncated = self.generate(rep)
         gen_time = time.perf_counter() - t0
 
@@ -348,8 +361,9 @@ class RolloutEngine:
         self.version = int(version)
 
 
-def _mix_seed(seed: int, step: int) -> int:
-    return (int(seed) * 1_000_003 + int(step) * 7919) % (2**63 - 1)
+def _mix_seed(seed: int, step: int, rank: int = 0) -> int:
+    # rank 0 keeps the single-process value; other ranks are offset by a large odd constant (golden-ratio hash)
+    return (int(seed) * 1_000_003 + int(step) * 7919 + int(rank) * 0x9E3779B97F4A7C15) % (2**63 - 1)
 
 
 _STOP = object()

@@ -366,3 +366,16 @@ def test_real_model_left_padded_matches_logits(real_model):
         for i, r in enumerate(rows):
             close(lp[i, -len(r):], naive_model_log_probs(model, torch.tensor(r)), rtol=1e-5, atol=1e-4)
     assert lp[0, -1] > -1.0  # "." after "Paris" is likely under the real model
+
+
+def test_model_log_probs_score_mask_scores_only_those_positions(peaked):
+    ids, mask = left_pad(ROWS[:2], pad_id=2)
+    score = torch.zeros_like(mask, dtype=torch.bool)
+    score[:, -3:] = True  # the last three tokens of each row (a completion)
+    with torch.no_grad():
+        full = model_token_log_probs(peaked, ids, mask, temperature=0.7)
+        part = model_token_log_probs(peaked, ids, mask, temperature=0.7, score_mask=score)
+    close(part[:, -3:], full[:, -3:])
+    assert torch.count_nonzero(part[:, :-3]) == 0
+    with pytest.raises(ValueError, match="score_mask must have the shape of input_ids"):
+        model_token_log_probs(peaked, ids, mask, score_mask=score[:, 1:])
