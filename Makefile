@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow test-all lint clean
+.PHONY: setup demo chat test test-slow test-all lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The main job: GRPO of the embedded SmolLM2 on synthetic arithmetic (no download).
 demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/lit-llm fit --config configs/grpo_arithmetic.yaml
+
+# Quick check: load the embedded model and answer one chat prompt.
+chat: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m lit_llm.demo
 
 lint: $(STAMP)
