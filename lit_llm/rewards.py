@@ -25,6 +25,7 @@ __all__ = [
     "RewardFunctions",
     "arithmetic_answer_reward",
     "completion_text",
+    "concise_number_reward",
     "extract_gsm8k_answer",
     "gsm8k_answer_reward",
     "last_number",
@@ -140,6 +141,23 @@ def strict_number_format_reward(prompts: list, completions: list, completion_ids
                                 ) -> list[float | None]:
     """Format reward: 1.0 if the stripped completion is exactly an integer (``-?\\d+``), else 0.0."""
     return [float(_INTEGER.fullmatch(completion_text(c).strip()) is not None) for c in completions]
+
+
+def concise_number_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,
+                          ) -> list[float | None]:
+    """Graded format reward: the share of the stripped completion's characters taken by its last number.
+
+    ``"85"`` -> 1.0, ``"The answer is 85."`` -> 2/17, ``"60 + 25 = 85"`` -> 2/12, no number -> 0.0. Unlike
+    :func:`strict_number_format_reward`, which is 0 for every completion of a model that never answers with the bare
+    number (all-zero groups carry no GRPO signal), it ranks shorter answers higher, so the policy is pushed toward
+    the bare number from the first step. Pair it with an answer reward: alone it rewards any bare number.
+    """
+    out: list[float | None] = []
+    for c in completions:
+        text = completion_text(c).strip()
+        matches = list(_NUMBER.finditer(text))
+        out.append(len(matches[-1].group(0)) / len(text) if matches else 0.0)
+    return out
 
 
 def strict_arithmetic_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,

@@ -178,3 +178,13 @@ def test_gsm8k_formats_round_trip(n, fmt):
     completion = f"Some reasoning 3 + 4.\n#### {fmt.format(n)}"
     assert gsm8k_answer_reward(["q"], [completion], None, answer=[f"#### {n}"]) == [1.0]
     assert arithmetic_answer_reward(["q"], [f"so {fmt.format(n)}"], None, answer=[n]) == [1.0]
+
+
+def test_concise_number_reward_hand_values():
+    from lit_llm.rewards import concise_number_reward
+
+    completions = ["85", " 85\n", "The answer is 85.", "60 + 25 = 85", "no idea", "", "-7"]
+    expected = [1.0, 1.0, 2 / 17, 2 / 12, 0.0, 0.0, 1.0]
+    assert concise_number_reward([None] * 7, completions) == pytest.approx(expected)
+    chat = [[{"role": "assistant", "content": "It is 12"}]]
+    assert concise_number_reward([None], chat) == pytest.approx([2 / 8])
