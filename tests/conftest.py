@@ -24,6 +24,17 @@ def require_shared(path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (small models on 2 shared cores run several times faster), restored after."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def templates_dir() -> Path:
     return require_shared(TEMPLATES_DIR)

@@ -14,14 +14,7 @@ from lit_llm.lightning.grpo_data import GRPODataModule
 from lit_llm.objectives.grpo import grpo_loss
 from lit_llm.policy.logprobs import model_token_log_probs
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Shared 2-core machine: one intra-op thread is several times faster than two under contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def frac_reward(prompts, completions, completion_ids, **kwargs):

@@ -14,14 +14,7 @@ from lit_llm.policy.rollout import AsyncRollouts, RolloutEngine, RolloutError, t
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardError, RewardFunctions
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Shared 2-core machine: one intra-op thread is several times faster than two under contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def even_reward(prompts, completions, completion_ids, **kwargs):

@@ -1,0 +1,142 @@
+"""GRPO under 2-process DDP (gloo, CPU) through the real ``lit-llm`` CLI, with the tiny model.
+
+The reference run skews generation per rank (tests/distributed/ddp_probe.py, ``skew_generation``): rank 0's
+completions stop at their first token, rank 1's always run to ``max_new_tokens`` -- generation is per rank and
+collective-free, so this must finish without a hang and keep the ranks in step. Its 21 training prompts do not fill
+a whole number of steps of 2 prompts x 2 ranks, and its 5 evaluation prompts do not split evenly over the ranks.
+Also: a repeat with the same seed, a run stopped at step 3 and resumed with ``--ckpt_path last``, and the
+asynchronous rollout mode.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from ddp_launch import (
+    DDPRun,
+    assert_checkpoints_written_by_rank_zero_only,
+    assert_clean_exit,
+    assert_same_weights_every_step,
+    launch,
+)
+
+from lit_llm.policy.rollout import _mix_seed
+
+NUM_TRAIN, PROMPTS, G, MAX_NEW, STEPS = 21, 2, 4, 24, 6
+STEPS_PER_EPOCH = NUM_TRAIN // (2 * PROMPTS)  # 5; the 21st prompt of an epoch is dropped
+ARGS = ("--trainer.max_steps", str(STEPS), "--data.num_train", str(NUM_TRAIN), "--data.num_eval", "5",
+        "--data.batch_size", str(PROMPTS), "--model.num_generations", str(G), "--model.max_new_tokens", str(MAX_NEW),
+        "--model.eval_max_new_tokens", "4", "--trainer.val_check_interval", "3", "--checkpoint.every_n_train_steps",
+        "3", "--trainer.num_sanity_val_steps", "0")
+
+
+class _Runs:
+    def __init__(self, base: Path) -> None:
+        self.base, self.cache = base, {}
+
+    def get(self, name: str) -> DDPRun:
+        if name not in self.cache:
+            if name == "resumed":
+                root = self.base / "resumed"
+                launch(root, "grpo_tiny.yaml", *ARGS, "--trainer.max_steps", "3", skew_generation=True)
+                self.cache[name] = launch(root, "grpo_tiny.yaml", *ARGS, "--ckpt_path", "last", skew_generation=True)
+            elif name == "async":
+                self.cache[name] = launch(self.base / name, "grpo_tiny.yaml", *ARGS, "--trainer.max_steps", "4",
+                                          "--model.rollout_mode", "async", "--model.max_staleness", "1")
+            else:
+                self.cache[name] = launch(self.base / name, "grpo_tiny.yaml", *ARGS, skew_generation=True)
+        return self.cache[name]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> _Runs:
+    return _Runs(tmp_path_factory.mktemp("ddp_grpo"))
+
+
+def test_sampling_seed_differs_per_rank_and_rank0_keeps_the_single_process_stream():
+    seeds = {_mix_seed(0, s, r) for s in range(50) for r in range(8)}
+    assert len(seeds) == 400
+    assert _mix_seed(3, 5, 0) == 3 * 1_000_003 + 5 * 7919  # rank 0 = the single-process seed of before
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_grpo_ddp_skewed_generation_lengths_finish_with_identical_weights(runs):
+    run = runs.get("a")
+    assert_clean_exit(run)
+    assert_same_weights_every_step(run)
+    assert [s["global_step"] for s in run.ranks[0]["steps"]] == list(range(1, STEPS + 1))
+    r0, r1 = (r["steps"] for r in run.ranks)
+    assert all(n == 1 for s in r0 for n in s["completion_lengths"])  # rank 0 stopped at once
+    assert all(n == MAX_NEW for s in r1 for n in s["completion_lengths"])  # rank 1 ran to max_new_tokens
+    assert all(s["truncated"] == [True] * len(s["truncated"]) for s in r1)
+    assert_checkpoints_written_by_rank_zero_only(run)
+    # rollout metrics are over both ranks' completions (not rank 0's alone)
+    assert run.metrics("train/completions/mean_length") == [(1 + MAX_NEW) / 2] * STEPS
+    assert run.metrics("train/completions/min_length") == [1.0] * STEPS
+    assert run.metrics("train/completions/max_length") == [float(MAX_NEW)] * STEPS
+    assert run.metrics("train/completions/clipped_ratio") == [0.5] * STEPS
+    assert len(run.metrics("eval/strict_arithmetic_reward")) == 2  # greedy evaluation on uneven shards ran twice
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_grpo_ddp_prompt_shards_groups_and_seeds(runs):
+    r0, r1 = (r["steps"] for r in runs.get("a").ranks)
+    for a, b in zip(r0, r1):
+        assert len(a["prompt_ids"]) == len(b["prompt_ids"]) == PROMPTS
+        assert not set(a["prompt_ids"]) & set(b["prompt_ids"])
+        assert a["seed"] != b["seed"]  # each rank samples from its own stream
+        for s in (a, b):  # groups never split: each prompt's G rows are contiguous, on this rank, one group id
+            assert s["sample_ids"] == [p for p in s["prompt_ids"] for _ in range(G)]
+            assert s["groups"] == [k for k in range(PROMPTS) for _ in range(G)]
+    epoch0 = Counter(p for s in r0[:STEPS_PER_EPOCH] + r1[:STEPS_PER_EPOCH] for p in s["prompt_ids"])
+    assert len(epoch0) == NUM_TRAIN - 1 and set(epoch0.values()) == {1}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_grpo_ddp_logged_token_count_is_sum_over_ranks(runs):
+    run = runs.get("a")
+    per_rank = [[s["tokens"] for s in r["steps"]] for r in run.ranks]
+    assert per_rank[0] == [PROMPTS * G * 1.0] * STEPS and per_rank[1] == [PROMPTS * G * MAX_NEW * 1.0] * STEPS
+    assert run.metrics("train/step_tokens") == [a + b for a, b in zip(*per_rank)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_grpo_ddp_same_seed_same_run(runs):
+    a, b = runs.get("a"), runs.get("b")
+    assert_clean_exit(b)
+    for r in range(2):
+        assert [s["hash"] for s in a.ranks[r]["steps"]] == [s["hash"] for s in b.ranks[r]["steps"]]
+        assert [s["completions"] for s in a.ranks[r]["steps"]] == [s["completions"] for s in b.ranks[r]["steps"]]
+    assert a.metrics("train/loss") == b.metrics("train/loss")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_grpo_ddp_resume_from_last_checkpoint(runs):
+    a, resumed = runs.get("a"), runs.get("resumed")
+    assert_clean_exit(resumed)
+    assert_same_weights_every_step(resumed)
+    assert [s["global_step"] for s in resumed.ranks[0]["steps"]] == [4, 5, 6]
+    for r in range(2):
+        ref = a.ranks[r]["steps"][3:]
+        got = resumed.ranks[r]["steps"]
+        assert [s["prompt_ids"] for s in got] == [s["prompt_ids"] for s in ref]
+        assert [s["completions"] for s in got] == [s["completions"] for s in ref]
+        assert [s["hash"] for s in got] == [s["hash"] for s in ref]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_grpo_ddp_async_rollouts_finish_in_step(runs):
+    run = runs.get("async")
+    assert_clean_exit(run)
+    assert_same_weights_every_step(run)
+    steps = run.ranks[0]["steps"]
+    assert run.ranks[0]["global_step"] == run.ranks[1]["global_step"] == 4
+    assert len(steps) == len(run.ranks[1]["steps"])
