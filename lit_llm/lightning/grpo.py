@@ -27,7 +27,10 @@ training_step`:
    ``train/ratio_{min,max}``), ``train/staleness``, ``train/dropped_rollouts``, ``time/{generation,training,step}`` (s),
    ``train/tokens_per_sec`` (trained real tokens / training time), ``rollout/tokens_per_sec`` (generated tokens /
    generation time), ``train/grad_norm``, ``train/lr``. Every ``log_samples_every`` steps a table of sampled
-   completions with their rewards (``rollout_samples.csv`` in the log folder, and a wandb table).
+   completions with their rewards (``rollout_samples.csv`` in the log folder, and a wandb table). Under DDP the
+   reward, per-function reward, ``frac_reward_zero_std`` and completion metrics cover every rank's completions (one
+   ``all_gather`` per step); times, ``rollout/tokens_per_sec`` and the ratio min/max are rank 0's
+   (docs/distributed.md).
 
 Validation = greedy evaluation on the held-out prompts (``trainer.val_check_interval`` = every N steps): each
 ``eval_reward_funcs`` function's mean is logged as ``eval/<fn>`` (torchmetrics, synced over ranks); with
@@ -57,7 +60,7 @@ from lit_llm.lightning.module import PolicyModule
 from lit_llm.models import DEFAULT_MODEL
 from lit_llm.objectives.grpo import effective_completion_mask, grpo_loss
 from lit_llm.policy.logprobs import model_token_log_probs
-from lit_llm.policy.rollout import AsyncRollouts, RolloutEngine, policy_responses, tokenize_prompts
+from lit_llm.policy.rollout import AsyncRollouts, RolloutEngine, _mix_seed, policy_responses, tokenize_prompts
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
 
@@ -259,8 +262,13 @@ class GRPOModule(PolicyModule):
         self._ratio_range = (float("inf"), float("-inf"))  # this rank's ratio min / max over the batch's steps
 
     def setup(self, stage: str) -> None:
-        """Give the rollout engine this process's DDP rank: every rank samples from its own seeded stream."""
+        """Under DDP, every rank samples from its own stream: the synchronous engine mixes the rank into its seed,
+        and ranks > 0 reseed the global RNG from ``(initial seed, rank)`` (used by the asynchronous producer and by
+        ``rollout_seed: null``; ``seed_everything`` gives every rank the same one). Weights are unaffected: DDP
+        broadcasts rank 0's at wrap time."""
         self.engine.rank = self.global_rank
+        if self.trainer.world_size > 1 and self.global_rank > 0:
+            torch.manual_seed(_mix_seed(torch.initial_seed(), 0, self.global_rank))
 
     # ------------------------------------------------------------------------------------------------- rollouts
     def wrap_train_loader(self, loader: Any) -> Any:
@@ -270,9 +278,13 @@ class GRPOModule(PolicyModule):
             return loader
         if self.async_rollouts is not None:
             self.async_rollouts.close()
+        # Under DDP the producer drops nothing itself (each rank's thread timing differs, so ranks would drop
+        # different batches and fall out of step); training_step drops stale batches on all ranks together.
+        trainer = self._trainer
+        distributed = trainer is not None and trainer.world_size > 1
         self.async_rollouts = _StatefulAsyncRollouts.from_policy(
-            self.engine.policy, loader, max_staleness=self.max_staleness, version=self.global_step,
-            **self._engine_kwargs)
+            self.engine.policy, loader, max_staleness=2**62 if distributed else self.max_staleness,
+            version=self.global_step, **self._engine_kwargs)
         return self.async_rollouts
 
     def configure_callbacks(self) -> list[Callback]:
@@ -317,7 +329,10 @@ class GRPOModule(PolicyModule):
         if isinstance(batch, TensorDictBase):
             rollout = batch
             staleness = self.global_step - int(rollout["policy_version"].max())
-            if staleness > self.max_staleness:
+            stale = staleness > self.max_staleness
+            if self.trainer.world_size > 1:  # one decision for all ranks: a lone skip would leave the others waiting
+                stale = bool(self._all_sum(torch.tensor(float(stale), device=self.device)) > 0)
+            if stale:
                 self.dropped_rollouts += 1
                 self.log("train/dropped_rollouts", self.dropped_rollouts.float(), on_step=True, batch_size=1)
                 return None
@@ -393,21 +408,31 @@ class GRPOModule(PolicyModule):
 
     def _log_rollout(self, rollout: TensorDictBase, staleness: int, wait_time: float, train_time: float,
                      step_time: float, mbs: list[dict[str, Any]]) -> None:
-        rewards, lengths = rollout["reward"].float(), rollout["completion_length"].float()
+        # Rollout statistics over every rank's rows (one all_gather, called by every rank in the same order): the
+        # ranks hold different prompts, so rank 0's rows alone would misreport rewards and lengths under DDP.
+        names = list(rollout["rewards"].keys())
+        cols = torch.stack([rollout["reward"].float(), rollout["completion_length"].float(),
+                            rollout["truncated"].float(), *[rollout["rewards", n].float() for n in names],
+                            torch.full_like(rollout["reward"], float(rollout.get_non_tensor("frac_reward_zero_std")),
+                                            dtype=torch.float32)], 1).to(self.device)
+        if self.trainer.world_size > 1:
+            cols = self.all_gather(cols).reshape(-1, cols.shape[1])
+        rewards, lengths, truncated = cols[:, 0], cols[:, 1], cols[:, 2]
         log: dict[str, Tensor | float] = {
             "train/reward": rewards.mean(), "train/reward_std": rewards.std() if rewards.numel() > 1 else 0.0,
-            "train/frac_reward_zero_std": float(rollout.get_non_tensor("frac_reward_zero_std")),
+            "train/frac_reward_zero_std": cols[:, -1].mean(),  # every rank holds the same number of groups
             "train/completions/mean_length": lengths.mean(), "train/completions/min_length": lengths.min(),
             "train/completions/max_length": lengths.max(),
-            "train/completions/clipped_ratio": rollout["truncated"].float().mean(),
+            "train/completions/clipped_ratio": truncated.mean(),
             "train/staleness": float(staleness), "train/dropped_rollouts": self.dropped_rollouts.float(),
             "time/generation": float(rollout.get_non_tensor("generation_time")),
             "time/rollout_wait": wait_time, "time/training": train_time, "time/step": step_time,
         }
         gen_time = float(rollout.get_non_tensor("generation_time"))
-        if gen_time > 0:
-            log["rollout/tokens_per_sec"] = lengths.sum() / gen_time
-        for name, values in rollout["rewards"].items():
+        if gen_time > 0:  # this rank's generation throughput
+            log["rollout/tokens_per_sec"] = rollout["completion_length"].float().sum() / gen_time
+        for j, name in enumerate(names):
+            values = cols[:, 3 + j]
             log[f"train/rewards/{name}/mean"] = values.nanmean()
             finite = values[~values.isnan()]
             log[f"train/rewards/{name}/std"] = finite.std() if finite.numel() > 1 else 0.0
