@@ -13,8 +13,9 @@ __all__ = ["export_checkpoint"]
 def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write the policy model and tokenizer of a Lightning checkpoint as an HF folder.
 
-    The module class and its arguments are read from the checkpoint's hyper-parameters (any
-    :class:`~lit_llm.lightning.module.PolicyModule` subclass), the weights from its state dict. The folder is written
+    The module class (``_class_path`` of the checkpoint's hyper-parameters, written by ``lit-llm fit``: any
+    :class:`~lit_llm.lightning.module.PolicyModule` subclass, e.g. ``SFTModule`` or ``GRPOModule``) and its arguments
+    are read from the checkpoint's hyper-parameters, the weights from its state dict. The folder is written
     to a temporary sibling and renamed at the end, so a failure never leaves a half-written export.
 
     Args:
@@ -29,8 +30,8 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
     Raises:
         FileNotFoundError: ``ckpt_path`` does not exist.
         FileExistsError: ``out`` exists and ``overwrite`` is False.
+        ValueError: the checkpoint's module class is not a ``PolicyModule``.
     """
-    from lit_llm.lightning.module import PolicyModule
 
     ckpt, target = Path(ckpt_path).expanduser(), Path(out).expanduser()
     if not ckpt.is_file():
@@ -39,7 +40,7 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
     if target.exists() and not overwrite:
         raise FileExistsError(f"lit-llm export: {str(target)!r} already exists; choose another --out or pass "
                               f"--overwrite true.")
-    module = PolicyModule.load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False)
+    module = _module_class(ckpt).load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
@@ -52,3 +53,21 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _module_class(ckpt: Path) -> type:
+    """The LightningModule class a ``lit-llm fit`` checkpoint was written by (``PolicyModule`` when unnamed)."""
+    import importlib
+
+    import torch
+
+    from lit_llm.lightning.module import PolicyModule
+
+    hparams = torch.load(str(ckpt), map_location="cpu", weights_only=False, mmap=True).get("hyper_parameters") or {}
+    class_path = hparams.get("_class_path", "lit_llm.lightning.module.PolicyModule")
+    module_name, _, name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, PolicyModule)):
+        raise ValueError(f"lit-llm export: checkpoint {str(ckpt)!r} was written by {class_path!r}, which is not a "
+                         f"lit_llm PolicyModule; export only supports checkpoints of lit-llm fit.")
+    return cls

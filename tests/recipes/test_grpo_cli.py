@@ -76,6 +76,16 @@ def test_grpo_tiny_cli_sync_trains_checkpoints_and_resumes_exactly(tmp_path):
     assert a["global_step"] == b["global_step"] == 6
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
 
+    # export of a GRPO checkpoint: an HF folder whose weights are the trained policy's
+    from transformers import AutoModelForCausalLM
+
+    from lit_llm.lightning.export import export_checkpoint
+
+    out = export_checkpoint(full / "checkpoints" / "last.ckpt", tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(out)
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(tensor, a["state_dict"]["model." + name]), name
+
 
 @pytest.mark.slow
 def test_grpo_tiny_cli_async(tmp_path):
