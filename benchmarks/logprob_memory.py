@@ -27,8 +27,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import os
 import subprocess
@@ -36,28 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+from _memory import GB
+from _memory import release_and_reset_peak as _release_and_reset_peak
+from _memory import status_kb as _status_kb
+
 MODES = ("backbone", "naive", "chunked")
-GB = 1024**3
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not found in /proc/self/status (this benchmark needs Linux)")
-
-
-def _release_and_reset_peak() -> int:
-    """Free what can be freed, reset VmHWM to the current RSS and return the current RSS in bytes."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_kb("VmRSS") * 1024
 
 
 def _step(model, mode: str, ids, mask, backward: bool, chunk_size: int, matmul_dtype):
