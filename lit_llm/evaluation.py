@@ -89,7 +89,7 @@ def evaluate_gsm8k(model: Any, tokenizer: Any, path: str, *, limit: int | None =
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"evaluate_gsm8k: batch_size and max_new_tokens must be >= 1, got {batch_size}, "
                          f"{max_new_tokens}.")
-    examples = read_examples(path, fmt="gsm8k", system_prompt=system_prompt, limit=limit)
+    examples = read_examples(path, fmt="gsm8k", system_prompt=system_prompt, limit=limit, option="--data")
     prompts = [tokenize_example(ex, tokenizer, chat_template=chat_template).prompt_ids for ex in examples]
     policy = TransformersWrapper(model, tokenizer=tokenizer, input_mode="tokens", return_log_probs=False,
                                  generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": False})

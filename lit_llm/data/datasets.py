@@ -111,7 +111,7 @@ class _Skipped:
 
 # ---------------------------------------------------------------------------------------------------------- reading
 def read_jsonl(path: str | os.PathLike, *, on_bad_row: Literal["raise", "skip"] = "raise",
-               skipped: _Skipped | None = None) -> list[tuple[int, dict[str, Any]]]:
+               skipped: _Skipped | None = None, option: str = "--data.path") -> list[tuple[int, dict[str, Any]]]:
     """Read a JSONL file into ``[(line_number, row), ...]`` (1-based line numbers; blank lines ignored).
 
     Args:
@@ -119,17 +119,18 @@ def read_jsonl(path: str | os.PathLike, *, on_bad_row: Literal["raise", "skip"] 
         on_bad_row: ``"raise"`` stops at the first line that is not a JSON object; ``"skip"`` counts it in
             ``skipped`` and goes on.
         skipped: collects skipped lines when ``on_bad_row="skip"``.
+        option: the CLI option that holds ``path`` (``--data.path``, ``--data.val_path``, ...), named in errors.
 
     Returns:
         The rows, each a ``dict``.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist (the message says how to point ``--data.path`` at a file).
+        FileNotFoundError: ``path`` does not exist (the message says how to point ``option`` at a file).
         DataFormatError: a line is not a JSON object (``on_bad_row="raise"``), or the file holds no row.
     """
     p = Path(path).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(f"Data file {str(p)!r} not found. Point --data.path at a JSONL file with one JSON "
+        raise FileNotFoundError(f"Data file {str(p)!r} not found. Point {option} at a JSONL file with one JSON "
                                 f"object per line (e.g. /path/to/gsm8k/train.jsonl).")
     rows: list[tuple[int, dict[str, Any]]] = []
     with p.open(encoding="utf-8") as f:
@@ -258,7 +259,7 @@ def examples_from_rows(rows: Iterable[tuple[str, dict[str, Any]]], *, fmt: RowFo
 
 def read_examples(path: str | os.PathLike, *, fmt: RowFormat = "auto", system_prompt: str | None = None,
                   on_bad_row: Literal["raise", "skip"] = "raise", limit: int | None = None,
-                  skipped: _Skipped | None = None) -> list[Example]:
+                  skipped: _Skipped | None = None, option: str = "--data.path") -> list[Example]:
     """Read a JSONL file into :class:`Example`s (sample ids ``"file:line"``).
 
     Args:
@@ -268,12 +269,13 @@ def read_examples(path: str | os.PathLike, *, fmt: RowFormat = "auto", system_pr
         on_bad_row: ``"raise"`` (stop, naming the line) or ``"skip"`` (count in ``skipped``).
         limit: keep only the first ``limit`` rows (``None`` = all).
         skipped: collects skipped rows.
+        option: the CLI option that holds ``path``, named when the file is missing.
 
     Raises:
         FileNotFoundError, DataFormatError: see :func:`read_jsonl` and :func:`row_to_example`; also when every row
             was skipped.
     """
-    rows = read_jsonl(path, on_bad_row=on_bad_row, skipped=skipped)
+    rows = read_jsonl(path, on_bad_row=on_bad_row, skipped=skipped, option=option)
     if limit is not None:
         rows = rows[:limit]
     name = str(Path(path).expanduser())

@@ -229,7 +229,8 @@ class SFTDataModule(LightningDataModule):
             val = []
             if self.val_path:
                 val = read_examples(self.val_path, fmt=self.format, system_prompt=self.system_prompt,
-                                    on_bad_row=self.on_bad_row, limit=self.val_limit, skipped=skipped)
+                                    on_bad_row=self.on_bad_row, limit=self.val_limit, skipped=skipped,
+                                    option="--data.val_path")
             elif self.val_fraction > 0:
                 order = list(range(len(train)))
                 random.Random(self.seed).shuffle(order)

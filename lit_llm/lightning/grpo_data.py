@@ -32,12 +32,14 @@ from lit_llm.policy.rollout import tokenize_prompts
 __all__ = ["GRPODataModule", "PromptBatchLoader", "collate_prompts", "gsm8k_prompts"]
 
 
-def gsm8k_prompts(path: str, *, system_prompt: str | None = None, limit: int | None = None,
+def gsm8k_prompts(path: str, *, option: str = "--data.path", system_prompt: str | None = None,
+                  limit: int | None = None,
                   on_bad_row: Literal["raise", "skip"] = "raise") -> list[dict[str, Any]]:
     """GSM8K rows (``{"question", "answer"}`` JSONL) as prompt rows.
 
     Args:
         path: the JSONL file (e.g. ``gsm8k/train.jsonl``).
+        option: the CLI option that holds ``path``, named when the file is missing.
         system_prompt: optional system message before the question.
         limit: keep the first ``limit`` rows.
         on_bad_row: ``"raise"`` stops at a bad row naming file and line; ``"skip"`` drops it.
@@ -49,7 +51,7 @@ def gsm8k_prompts(path: str, *, system_prompt: str | None = None, limit: int | N
         FileNotFoundError: no such file. DataFormatError: a row without a non-empty string ``question``/``answer``,
             or no row left.
     """
-    rows = read_jsonl(path, on_bad_row=on_bad_row)
+    rows = read_jsonl(path, on_bad_row=on_bad_row, option=option)
     if limit is not None:
         rows = rows[:limit]
     out = []
@@ -222,8 +224,8 @@ class GRPODataModule(LightningDataModule):
             train = gsm8k_prompts(self.path, system_prompt=self.system_prompt, limit=self.num_train,
                                   on_bad_row=self.on_bad_row)
             if self.eval_path:
-                held = gsm8k_prompts(self.eval_path, system_prompt=self.system_prompt, limit=self.num_eval,
-                                     on_bad_row=self.on_bad_row) if self.num_eval else []
+                held = gsm8k_prompts(self.eval_path, option="--data.eval_path", system_prompt=self.system_prompt,
+                                     limit=self.num_eval, on_bad_row=self.on_bad_row) if self.num_eval else []
             else:
                 order = list(range(len(train)))
                 random.Random(self.seed).shuffle(order)

@@ -232,3 +232,11 @@ def test_step_loader_shards_ranks():
     ids0 = [s for b in plans[0] for s in flat_ids(b)]
     ids1 = [s for b in plans[1] for s in flat_ids(b)]
     assert not set(ids0) & set(ids1) and len(ids0) + len(ids1) == 20
+
+
+def test_missing_validation_file_names_its_own_option(tmp_path, tokenizer):
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "a", "completion": "b"}])
+    dm = SFTDataModule(str(train), val_path=str(tmp_path / "val.jsonl"), loss_head="sft")
+    dm.tokenizer = tokenizer
+    with pytest.raises(FileNotFoundError, match=r"val\.jsonl.*--data\.val_path"):
+        dm.setup("fit")

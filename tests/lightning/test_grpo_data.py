@@ -99,3 +99,11 @@ def test_datamodule_renders_prompt_ids_once(tokenizer):
         short.setup()
     with pytest.raises(ValueError, match="task='gsm8k' needs --data.path"):
         GRPODataModule("gsm8k")
+
+
+def test_missing_gsm8k_eval_file_names_its_own_option(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"}) + "\n")
+    dm = GRPODataModule("gsm8k", path=str(train), eval_path=str(tmp_path / "test.jsonl"), batch_size=1, num_eval=1)
+    with pytest.raises(FileNotFoundError, match=r"test\.jsonl.*--data\.eval_path"):
+        dm.setup()
