@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,18 @@ def launch(root: Path, config: str, *args: str, timeout: float = 240, skew_gener
         ranks.append(json.loads(path.read_text()))
     children = json.loads((probe / "children.json").read_text()) if (probe / "children.json").exists() else {}
     return DDPRun(root, proc.returncode, out, ranks, children)
+
+
+class RunCache:
+    """Launch each named DDP run once per test module: ``get(name)`` calls ``make(base / name)`` on first use."""
+
+    def __init__(self, base: Path, make: Callable[[str, Path], DDPRun]) -> None:
+        self.base, self.make, self.cache = base, make, {}
+
+    def get(self, name: str) -> DDPRun:
+        if name not in self.cache:
+            self.cache[name] = self.make(name, self.base / name)
+        return self.cache[name]
 
 
 def assert_clean_exit(run: DDPRun) -> None:

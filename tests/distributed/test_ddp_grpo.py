@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from ddp_launch import (
     DDPRun,
+    RunCache,
     assert_checkpoints_written_by_rank_zero_only,
     assert_clean_exit,
     assert_same_weights_every_step,
@@ -32,27 +33,19 @@ ARGS = ("--trainer.max_steps", str(STEPS), "--data.num_train", str(NUM_TRAIN), "
         "3", "--trainer.num_sanity_val_steps", "0")
 
 
-class _Runs:
-    def __init__(self, base: Path) -> None:
-        self.base, self.cache = base, {}
-
-    def get(self, name: str) -> DDPRun:
-        if name not in self.cache:
-            if name == "resumed":
-                root = self.base / "resumed"
-                launch(root, "grpo_tiny.yaml", *ARGS, "--trainer.max_steps", "3", skew_generation=True)
-                self.cache[name] = launch(root, "grpo_tiny.yaml", *ARGS, "--ckpt_path", "last", skew_generation=True)
-            elif name == "async":
-                self.cache[name] = launch(self.base / name, "grpo_tiny.yaml", *ARGS, "--trainer.max_steps", "4",
-                                          "--model.rollout_mode", "async", "--model.max_staleness", "1")
-            else:
-                self.cache[name] = launch(self.base / name, "grpo_tiny.yaml", *ARGS, skew_generation=True)
-        return self.cache[name]
+def _make_run(name: str, root: Path) -> DDPRun:
+    if name == "resumed":
+        launch(root, "grpo_tiny.yaml", *ARGS, "--trainer.max_steps", "3", skew_generation=True)
+        return launch(root, "grpo_tiny.yaml", *ARGS, "--ckpt_path", "last", skew_generation=True)
+    if name == "async":
+        return launch(root, "grpo_tiny.yaml", *ARGS, "--trainer.max_steps", "4", "--model.rollout_mode", "async",
+                      "--model.max_staleness", "1")
+    return launch(root, "grpo_tiny.yaml", *ARGS, skew_generation=True)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> _Runs:
-    return _Runs(tmp_path_factory.mktemp("ddp_grpo"))
+def runs(tmp_path_factory) -> RunCache:
+    return RunCache(tmp_path_factory.mktemp("ddp_grpo"), _make_run)
 
 
 def test_sampling_seed_differs_per_rank_and_rank0_keeps_the_single_process_stream():

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from ddp_launch import (
     DDPRun,
+    RunCache,
     assert_checkpoints_written_by_rank_zero_only,
     assert_clean_exit,
     assert_same_weights_every_step,
@@ -29,24 +30,16 @@ ARGS = ("--trainer.max_steps", str(STEPS), "--data.num_samples", str(NUM_SAMPLES
         "--samples.num_samples", "1", "--checkpoint.every_n_train_steps", "3")
 
 
-class _Runs:
-    def __init__(self, base: Path) -> None:
-        self.base, self.cache = base, {}
-
-    def get(self, name: str) -> DDPRun:
-        if name not in self.cache:
-            if name == "resumed":
-                root = self.base / "resumed"
-                launch(root, "sft_tiny.yaml", *ARGS, "--trainer.max_steps", "3")
-                self.cache[name] = launch(root, "sft_tiny.yaml", *ARGS, "--ckpt_path", "last")
-            else:
-                self.cache[name] = launch(self.base / name, "sft_tiny.yaml", *ARGS)
-        return self.cache[name]
+def _make_run(name: str, root: Path) -> DDPRun:
+    if name == "resumed":
+        launch(root, "sft_tiny.yaml", *ARGS, "--trainer.max_steps", "3")
+        return launch(root, "sft_tiny.yaml", *ARGS, "--ckpt_path", "last")
+    return launch(root, "sft_tiny.yaml", *ARGS)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> _Runs:
-    return _Runs(tmp_path_factory.mktemp("ddp_sft"))
+def runs(tmp_path_factory) -> RunCache:
+    return RunCache(tmp_path_factory.mktemp("ddp_sft"), _make_run)
 
 
 @pytest.mark.timeout(240)
