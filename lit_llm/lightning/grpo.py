@@ -59,12 +59,13 @@ from torchmetrics import MeanMetric
 from lit_llm.lightning.module import PolicyModule
 from lit_llm.models import DEFAULT_MODEL
 from lit_llm.objectives.grpo import effective_completion_mask, grpo_loss
-from lit_llm.policy.logprobs import model_token_log_probs
+from lit_llm.policy.generation import pad_rows, unique_rows
+from lit_llm.policy.logprobs import completion_log_probs
 from lit_llm.policy.rollout import AsyncRollouts, RolloutEngine, _mix_seed, policy_responses, tokenize_prompts
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
 
-__all__ = ["DEFAULT_REWARDS", "GRPOModule", "RolloutWeightSync", "append_csv", "completion_log_probs"]
+__all__ = ["DEFAULT_REWARDS", "GRPOModule", "RolloutWeightSync", "append_csv"]
 
 #: Shaped arithmetic reward (the base model rarely answers with just the number: format + answer).
 DEFAULT_REWARDS = ("lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
@@ -94,31 +95,6 @@ def _log_table(trainer: Trainer, key: str, columns: list[str], rows: list[list[A
     for logger in trainer.loggers:
         if type(logger).__name__ == "WandbLogger":
             logger.log_text(key=key, columns=columns, data=rows, step=trainer.global_step)
-
-
-def completion_log_probs(model: Any, input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, *,
-                         temperature: float = 1.0, chunk_size: int = 1024,
-                         return_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-    """Teacher-forced log-probs (and entropies) of the completion tokens only, aligned to ``input_ids``.
-
-    Same numbers as :func:`~lit_llm.policy.logprobs.model_token_log_probs` on the completion positions (position ids
-    from the attention mask, temperature-scaled full distribution, chunked LM head), but the LM head is applied only
-    where ``completion_mask`` is True (TRL's ``logits_to_keep``): the prompt tokens cost the backbone only.
-
-    Args:
-        model: an HF causal LM.
-        input_ids: ``[B, T]`` long, left- or right-padded.
-        attention_mask: ``[B, T]`` bool/0-1, one contiguous block per row.
-        completion_mask: ``[B, T]`` bool, the positions to score (never a row's first real token).
-        temperature: sampling temperature (> 0).
-        chunk_size: positions per LM-head chunk.
-        return_entropy: also return the per-position entropies.
-
-    Returns:
-        fp32 ``[B, T]`` log-probs (0.0 outside ``completion_mask``), and the entropies alike with ``return_entropy``.
-    """
-    return model_token_log_probs(model, input_ids, attention_mask, temperature=temperature, chunk_size=chunk_size,
-                                 return_entropy=return_entropy, score_mask=completion_mask)
 
 
 class RolloutWeightSync(Callback):
@@ -183,6 +159,11 @@ class GRPOModule(PolicyModule):
         chat_template: Jinja string or ``.jinja`` path for prompts without ``prompt_ids``.
         optimizer, lr_scheduler, grad_clip, on_nonfinite, gradient_checkpointing, chunk_size: see
             :class:`~lit_llm.lightning.module.PolicyModule`.
+        share_prompts: in training, run each distinct prompt of a micro-batch through the backbone once and its
+            completions on top of the shared KV cache (:func:`~lit_llm.policy.logprobs.completion_log_probs`): the
+            same log-probs and gradients for about ``P * prompt + N * completion`` instead of
+            ``N * (prompt + completion)`` backbone tokens. Turned off under ``gradient_checkpointing`` (which turns
+            the cache off).
 
     Raises:
         ValueError: invalid settings (named in the message); reward-function import errors
@@ -203,7 +184,7 @@ class GRPOModule(PolicyModule):
                  chat_template: str | None = None, optimizer: OptimizerCallable = torch.optim.AdamW,
                  lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
                  on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
-                 chunk_size: int = 1024) -> None:
+                 chunk_size: int = 1024, share_prompts: bool = True) -> None:
         super().__init__(model, optimizer=optimizer, lr_scheduler=lr_scheduler, grad_clip=grad_clip,
                          on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
                          chunk_size=chunk_size)
@@ -227,6 +208,7 @@ class GRPOModule(PolicyModule):
         self.loss_type, self.epsilon, self.epsilon_high, self.beta = loss_type, epsilon, epsilon_high, beta
         self.scale_rewards, self.mask_truncated_completions = scale_rewards, mask_truncated_completions
         self.num_iterations, self.micro_batch_size = num_iterations, micro_batch_size
+        self.share_prompts = share_prompts and not gradient_checkpointing
         self.rollout_mode, self.sync_every, self.max_staleness = rollout_mode, sync_every, max_staleness
         self.log_samples_every, self.num_logged_samples, self.eval_samples = (log_samples_every, num_logged_samples,
                                                                               eval_samples)
@@ -296,30 +278,52 @@ class GRPOModule(PolicyModule):
             self.async_rollouts.close()
 
     def micro_batches(self, rollout: TensorDictBase) -> list[dict[str, Any]]:
-        """Cut a rollout batch into micro-batches of ``micro_batch_size`` rows, longest first, each trimmed to its
-        longest row (left padding), on the module's device.
+        """Cut a rollout batch into micro-batches of ``micro_batch_size`` rows in the prompt/completion layout of
+        :func:`~lit_llm.policy.logprobs.completion_log_probs`, on the module's device.
+
+        Rows of one group stay together (groups ordered by their longest row, longest first; rows within a group by
+        completion length), so a micro-batch holds few distinct prompts and, with ``share_prompts``, each one goes
+        through the backbone once. Prompts are deduplicated by content, not by group id.
 
         Returns:
-            Dicts with ``input_ids`` ``[b, T]`` long, ``attention_mask`` / ``completion_mask`` ``[b, T]`` bool,
-            ``old_log_probs`` ``[b, T]`` float32, ``advantages`` ``[b]``, ``truncated`` ``[b]`` bool, ``sample_ids``.
+            Dicts with ``prompt_ids`` / ``prompt_mask`` ``[P, Lp]`` (left-padded, ``P`` distinct prompts),
+            ``completion_ids`` / ``completion_mask`` ``[b, Lc]`` (right-padded), ``prompt_index`` ``[b]`` long,
+            ``old_log_probs`` ``[b, Lc]`` float32 (generation-time, 0.0 at padding), ``advantages`` ``[b]``,
+            ``truncated`` ``[b]`` bool, ``num_real_tokens`` (prompt + completion tokens of the ``b`` rows, a 0-dim
+            tensor) and ``sample_ids``.
         """
-        attn = rollout["masks", "all_attention_mask"]
-        lengths = attn.sum(-1)
-        order = torch.argsort(lengths.cpu(), descending=True, stable=True)
+        full, old = rollout["tokens", "full"].cpu(), rollout["log_probs", "full"].cpu()
+        width = full.shape[1]
+        p_len, c_len = rollout["prompt_length"].cpu(), rollout["completion_length"].cpu()
+        group = rollout["group"].cpu() if "group" in rollout.keys() else torch.arange(full.shape[0])
+        group_len = torch.zeros(int(group.max()) + 1, dtype=torch.long).scatter_reduce(0, group, p_len + c_len, "amax")
+        # sort key: longest group first, then group id, then longest completion first (stable)
+        key = (-group_len[group] * (group.max() + 1) + group) * (width + 1) - c_len
+        order = torch.argsort(key, stable=True)
         sample_ids = list(rollout["sample_id"]) if "sample_id" in rollout.keys() else [""] * len(order)
         out = []
         for s in range(0, len(order), self.micro_batch_size):
-            idx = order[s:s + self.micro_batch_size]
-            width = int(lengths[idx].max())
-            rows = rollout[idx.to(attn.device)]
+            idx = order[s:s + self.micro_batch_size].tolist()
+            prompts = [full[i, width - int(c_len[i]) - int(p_len[i]):width - int(c_len[i])] for i in idx]
+            comps = [full[i, width - int(c_len[i]):] for i in idx]
+            p_ids = pad_rows(prompts, self.engine.pad_token_id)
+            unique, inverse = unique_rows(p_ids, [p.numel() for p in prompts])
+            index = torch.arange(len(idx)) if inverse is None else inverse
+            p_ids = p_ids[unique]
+            p_mask = pad_rows([torch.ones(prompts[int(u)].numel(), dtype=torch.bool) for u in unique], False)
+            p_ids = p_ids[:, p_ids.shape[1] - p_mask.shape[1]:]
+            dev = self.device
             out.append({
-                "input_ids": rows["tokens", "full"][:, -width:].to(self.device),
-                "attention_mask": rows["masks", "all_attention_mask"][:, -width:].to(self.device),
-                "completion_mask": rows["masks", "completion_mask"][:, -width:].to(self.device),
-                "old_log_probs": rows["log_probs", "full"][:, -width:].to(self.device),
-                "advantages": rows["advantage"].to(self.device),
-                "truncated": rows["truncated"].to(self.device),
-                "sample_ids": [f"{sample_ids[i]}#{i}" for i in idx.tolist()],
+                "prompt_ids": p_ids.to(dev), "prompt_mask": p_mask.to(dev),
+                "completion_ids": pad_rows(comps, self.engine.pad_token_id, side="right").to(dev),
+                "completion_mask": pad_rows([torch.ones(c.numel(), dtype=torch.bool) for c in comps], False,
+                                            side="right").to(dev),
+                "prompt_index": index.to(dev),
+                "old_log_probs": pad_rows([old[i, width - int(c_len[i]):] for i in idx], 0.0, side="right").to(dev),
+                "advantages": rollout["advantage"][idx].to(dev),
+                "truncated": rollout["truncated"][idx].to(dev),
+                "num_real_tokens": (p_len[idx] + c_len[idx]).sum().float().to(dev),
+                "sample_ids": [f"{sample_ids[i]}#{i}" for i in idx],
             })
         return out
 
@@ -360,21 +364,19 @@ class GRPOModule(PolicyModule):
         """Completion tokens after truncation masking (``dapo``/``bnpo``) or sequences (``grpo``/``dr_grpo``) of this
         rank's micro-batches."""
         if self.loss_type in ("grpo", "dr_grpo"):
-            return torch.tensor(sum(mb["input_ids"].shape[0] for mb in micro_batches), device=self.device)
+            return torch.tensor(sum(mb["completion_ids"].shape[0] for mb in micro_batches), device=self.device)
         return sum(self._mask(mb).sum() for mb in micro_batches)
 
     def micro_batch_loss(self, mb: dict[str, Any], normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """:func:`~lit_llm.objectives.grpo_loss` of one micro-batch with the step-level ``normalizer``."""
-        ids, attn = mb["input_ids"], mb["attention_mask"]
-        cmask = mb["completion_mask"]
-        log_probs, entropy = completion_log_probs(self.model, ids, attn, cmask, temperature=self.temperature,
-                                                  chunk_size=self.chunk_size, return_entropy=True)
+        args = (mb["prompt_ids"], mb["prompt_mask"], mb["completion_ids"], mb["completion_mask"], mb["prompt_index"])
+        kwargs = dict(share_prompts=self.share_prompts, temperature=self.temperature, chunk_size=self.chunk_size)
+        log_probs, entropy = completion_log_probs(self.model, *args, return_entropy=True, **kwargs)
         ref = None
         if self._reference:
             reference = self._reference[0].to(self.device)
             with torch.no_grad():
-                ref = completion_log_probs(reference, ids, attn, cmask, temperature=self.temperature,
-                                           chunk_size=self.chunk_size)
+                ref = completion_log_probs(reference, *args, **kwargs)
         step_count = {"num_items_in_batch": normalizer} if self.loss_type == "dapo" else \
             {"num_sequences_in_batch": normalizer} if self.loss_type in ("grpo", "dr_grpo") else {}
         loss, m = grpo_loss(
@@ -386,7 +388,7 @@ class GRPOModule(PolicyModule):
         if self.loss_type == "bnpo":  # a local mean: average over the step's micro-batches and ranks
             loss = loss / (self._num_mbs * self.trainer.world_size)
         n = m["num_tokens"]
-        stats = {"loss": loss.detach().float(), "num_tokens": n, "num_real_tokens": attn.sum().float(),
+        stats = {"loss": loss.detach().float(), "num_tokens": n, "num_real_tokens": mb["num_real_tokens"],
                  "clip_low": m["clip_ratio/low_mean"] * n, "clip_high": m["clip_ratio/high_mean"] * n,
                  "clip_region": m["clip_ratio/region_mean"] * n, "ratio_sum": m["ratio_mean"] * n,
                  "entropy_sum": m["entropy"] * n}

@@ -30,11 +30,13 @@ __all__ = [
     "SUPPORTED_GENERATE_KWARGS",
     "GenerationConfig",
     "GenerationOutput",
+    "cache_kwarg",
     "check_token_ids",
     "generate_tokens",
     "pad_rows",
     "resolve_generation_config",
     "standardize_generate_kwargs",
+    "unique_rows",
     "validate_generate_kwargs",
 ]
 
@@ -257,8 +259,10 @@ class GenerationOutput:
     truncated: Tensor
 
 
-def _cache_kwarg(model: Any) -> str:
-    params = inspect.signature(model.forward).parameters
+def cache_kwarg(module: Any) -> str:
+    """The name under which ``module.forward`` takes a KV cache: ``"cache"`` (transformers >= 5.x) or
+    ``"past_key_values"``."""
+    params = inspect.signature(module.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
@@ -347,6 +351,27 @@ def check_token_ids(model: Any, rows: Sequence[Tensor], *, extra: int = 0, max_c
                          f"{max_context} tokens. {fix}")
 
 
+def unique_rows(ids: Tensor, lengths: list[int]) -> tuple[Tensor, Tensor | None]:
+    """Deduplicate the rows of a padded batch.
+
+    Args:
+        ids: ``[B, T]`` padded ids (any padding side, the same for every row).
+        lengths: ``B`` real lengths; rows are equal when their lengths and all ``T`` ids are.
+
+    Returns:
+        ``(unique, inverse)``: ``unique`` ``[U]`` long, the first row of each distinct value in order of first
+        appearance, and ``inverse`` ``[B]`` long with ``ids[unique][inverse] == ids``; ``inverse`` is ``None`` when the
+        rows are all distinct (``unique`` is then ``arange(B)``).
+    """
+    first: dict[tuple[int, bytes], int] = {}
+    keys = [first.setdefault((n, row.cpu().numpy().tobytes()), len(first)) for n, row in zip(lengths, ids)]
+    if len(first) == len(keys):
+        return torch.arange(len(keys), device=ids.device), None
+    rep = {k: i for i, k in reversed(list(enumerate(keys)))}  # key -> first row holding it
+    unique = torch.tensor([rep[k] for k in range(len(first))], dtype=torch.long, device=ids.device)
+    return unique, torch.tensor(keys, dtype=torch.long, device=ids.device)
+
+
 @torch.no_grad()
 def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationConfig, *,
                     device: torch.device | None = None, max_context: int | None = None) -> GenerationOutput:
@@ -354,7 +379,9 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
 
     Prompts are left-padded into ``[B, P]`` with an attention mask built from their lengths (never from
     ``ids != pad``: SmolLM2's pad id is its end-of-turn id) and position ids ``attention_mask.cumsum(-1) - 1``
-    clamped at 0, so a row's numbers do not depend on the other rows' lengths. At each step the next-token logits
+    clamped at 0, so a row's numbers do not depend on the other rows' lengths. Identical prompts (a GRPO group repeats
+    one prompt ``num_generations`` times) are prefilled once and their KV cache gathered back to every row
+    (:func:`unique_rows`). At each step the next-token logits
     ``z`` (fp32) give the reported log-prob ``log_softmax(z / T)[x]`` of the chosen id ``x`` -- the temperature-scaled
     full distribution, **not** renormalised after top-k/top-p/min-p or the repetition penalty -- and the processed
     scores give ``x`` (multinomial sample, or argmax when greedy). A row is done once it emits any id of
@@ -385,11 +412,23 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=device)
     procs = _processors(config)
-    cache_kw = _cache_kwarg(model)
+    cache_kw = cache_kwarg(model)
     extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
-    out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=True, **extra)
+    # Identical prompts (a GRPO group: one prompt repeated num_generations times) are prefilled once and their KV
+    # cache and last logits gathered back to every row: the same numbers as prefilling each row, for 1/G the cost.
+    unique, inverse = unique_rows(ids, lengths)
+    out = model(input_ids=ids[unique], attention_mask=attn[unique], position_ids=position_ids[unique],
+                use_cache=True, **extra)
     cache = out.get("cache", None) or out.get("past_key_values", None)
+    if inverse is not None:
+        if cache is None or not hasattr(cache, "layers"):
+            out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=True, **extra)
+            cache = out.get("cache", None) or out.get("past_key_values", None)
+        else:
+            for layer in cache.layers:
+                layer.batch_select_indices(inverse)
+            out.logits = out.logits[inverse]
     seq = ids
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     steps_ids: list[Tensor] = []

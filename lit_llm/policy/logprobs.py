@@ -23,7 +23,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["IGNORE_INDEX", "chunked_token_log_probs", "model_token_log_probs", "naive_token_log_probs"]
+from lit_llm.policy.generation import cache_kwarg, pad_rows
+
+__all__ = ["IGNORE_INDEX", "chunked_token_log_probs", "completion_log_probs", "model_token_log_probs",
+           "naive_token_log_probs"]
 
 IGNORE_INDEX = -100
 """Target value that is not scored: its log-prob (and entropy) is 0.0 and it gets no gradient."""
@@ -362,3 +365,118 @@ def model_token_log_probs(
     if return_entropy:
         return torch.cat([pad, res[0]], 1), torch.cat([pad, res[1]], 1)
     return torch.cat([pad, res], 1)
+
+
+
+def completion_log_probs(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    prompt_index: Tensor,
+    *,
+    share_prompts: bool = True,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    return_entropy: bool = False,
+    matmul_dtype: torch.dtype | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Teacher-forced log-probs of ``N`` completions of ``P <= N`` prompts (a GRPO micro-batch), completions only.
+
+    Row ``i`` is the sequence ``prompt_ids[prompt_index[i]]`` (real tokens) followed by ``completion_ids[i]`` (real
+    tokens); its completion tokens are scored, never its prompt tokens (the LM head runs on completion positions
+    only, like TRL's ``logits_to_keep``). Positions count from each row's first real prompt token, as in
+    :func:`model_token_log_probs`, so the numbers do not depend on padding.
+
+    With ``share_prompts`` (default) each of the ``P`` prompts goes through the backbone **once**: its KV cache (which
+    keeps its autograd history) is gathered to the ``N`` rows with ``prompt_index`` and only the completion tokens
+    are run on top of it. A GRPO group is ``G`` completions of one prompt, so the backbone sees
+    ``P * prompt + N * completion`` tokens instead of ``N * (prompt + completion)``. The log-probs and the gradients
+    equal the full rows' up to float rounding: the shared prompt activations receive the sum of their rows'
+    gradients, which is what the full rows' backward accumulates too. ``share_prompts=False`` scores the full
+    left-padded rows with :func:`model_token_log_probs` (needed when the backbone keeps no cache, e.g. under gradient
+    checkpointing in training mode).
+
+    Args:
+        model: an HF ``*ForCausalLM`` (its backbone must take a ``DynamicCache`` when ``share_prompts``).
+        prompt_ids: ``[P, Lp]`` long, **left**-padded prompts.
+        prompt_mask: ``[P, Lp]`` bool/0-1, 1 = real prompt token; every row non-empty and left-padded.
+        completion_ids: ``[N, Lc]`` long, **right**-padded completions.
+        completion_mask: ``[N, Lc]`` bool/0-1, 1 = real completion token (a prefix of each row).
+        prompt_index: ``[N]`` long in ``[0, P)``, the prompt of each completion row.
+        share_prompts: run each prompt through the backbone once (see above).
+        temperature, chunk_size, return_entropy, matmul_dtype: see :func:`model_token_log_probs`.
+
+    Returns:
+        fp32 ``[N, Lc]`` with ``out[i, t] = log p(c_t | prompt, c_<t)``, 0.0 where ``completion_mask`` is 0; with
+        ``return_entropy``, ``(log_probs, entropy)`` alike.
+
+    Raises:
+        ValueError: shapes that do not line up, a prompt row that is empty or not left-padded, a completion mask that
+            is not right-padded, a ``prompt_index`` outside ``[0, P)``; see also :func:`model_token_log_probs`.
+        RuntimeError: ``share_prompts`` and the backbone returned no ``DynamicCache`` (gradient checkpointing in
+            training mode turns caching off): pass ``share_prompts=False``.
+    """
+    _check_scalars(temperature, chunk_size)
+    n_rows, comp_len = completion_ids.shape if completion_ids.dim() == 2 else (-1, -1)
+    if (prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape or completion_ids.dim() != 2
+            or completion_mask.shape != completion_ids.shape or prompt_index.shape != (n_rows,)):
+        raise ValueError(
+            f"completion_log_probs: expected prompt_ids/prompt_mask [P, Lp], completion_ids/completion_mask [N, Lc] "
+            f"and prompt_index [N]; got {tuple(prompt_ids.shape)}, {tuple(prompt_mask.shape)}, "
+            f"{tuple(completion_ids.shape)}, {tuple(completion_mask.shape)}, {tuple(prompt_index.shape)}.")
+    pmask = prompt_mask.bool()
+    if prompt_ids.shape[1] == 0 or not bool(pmask[:, -1].all()) or bool((pmask[:, 1:] < pmask[:, :-1]).any()):
+        raise ValueError("completion_log_probs: every prompt row must be non-empty and left-padded (its real tokens "
+                         "end at the last column); re-pad the prompts on the left.")
+    cmask = completion_mask.bool()
+    if bool((cmask[:, 1:] > cmask[:, :-1]).any()):
+        raise ValueError("completion_log_probs: completion_mask rows must be right-padded (1s then 0s); re-pad the "
+                         "completions on the right.")
+    index = prompt_index.long()
+    if n_rows and (int(index.min()) < 0 or int(index.max()) >= prompt_ids.shape[0]):
+        raise ValueError(f"completion_log_probs: prompt_index must lie in [0, {prompt_ids.shape[0]}); got values in "
+                         f"[{int(index.min())}, {int(index.max())}].")
+    kwargs = dict(temperature=temperature, chunk_size=chunk_size, return_entropy=return_entropy,
+                  matmul_dtype=matmul_dtype)
+    if not share_prompts:
+        return _full_rows_completion_log_probs(model, prompt_ids, pmask, completion_ids, cmask, index, **kwargs)
+    backbone, head = _backbone_and_head(model)
+    p_pos = (pmask.long().cumsum(-1) - 1).clamp(min=0)
+    out = backbone(input_ids=prompt_ids, attention_mask=pmask.long(), position_ids=p_pos, use_cache=True)
+    cache = out.get("cache", None) or out.get("past_key_values", None)
+    if cache is None or not hasattr(cache, "layers"):
+        raise RuntimeError("completion_log_probs: the backbone returned no DynamicCache (gradient checkpointing in "
+                           "training mode turns caching off); pass share_prompts=False.")
+    for layer in cache.layers:
+        layer.batch_select_indices(index)
+    last_prompt_hidden = out.last_hidden_state[:, -1]  # predicts each row's first completion token
+    attn = torch.cat([pmask[index], cmask], 1).long()
+    c_pos = pmask.long().sum(-1)[index, None] + torch.arange(comp_len, device=completion_ids.device)[None]
+    hidden_c = backbone(input_ids=completion_ids, attention_mask=attn, position_ids=c_pos, use_cache=True,
+                        **{cache_kwarg(backbone): cache}).last_hidden_state
+    hidden = torch.cat([last_prompt_hidden[index, None].to(hidden_c.dtype), hidden_c[:, :-1]], 1)
+    targets = completion_ids.long().masked_fill(~cmask, IGNORE_INDEX)
+    return chunked_token_log_probs(hidden, head.weight, targets, bias=getattr(head, "bias", None), **kwargs)
+
+
+def _full_rows_completion_log_probs(model, prompt_ids: Tensor, pmask: Tensor, completion_ids: Tensor, cmask: Tensor,
+                                    index: Tensor, **kwargs) -> Tensor | tuple[Tensor, Tensor]:
+    """:func:`completion_log_probs` without prompt sharing: left-pad the ``N`` full rows and score them."""
+    p_len, c_len = pmask.sum(-1)[index], cmask.sum(-1)
+    rows = [torch.cat([prompt_ids[j, prompt_ids.shape[1] - int(p_len[i]):], completion_ids[i, :int(c_len[i])]])
+            for i, j in enumerate(index.tolist())]
+    ids = pad_rows(rows, 0)
+    width = ids.shape[1]
+    col = torch.arange(width, device=ids.device)[None]
+    attn = col >= width - (p_len + c_len)[:, None]
+    score = col >= width - c_len[:, None]
+    res = model_token_log_probs(model, ids, attn, score_mask=score, **kwargs)
+    # back to the completion layout: row i's completion occupies the last c_len[i] columns
+    gather = (width - c_len[:, None] + torch.arange(cmask.shape[1], device=ids.device)[None]).clamp(max=width - 1)
+
+    def to_completion(x: Tensor) -> Tensor:
+        return x.gather(1, gather).masked_fill(~cmask, 0.0)
+
+    return tuple(to_completion(x) for x in res) if isinstance(res, tuple) else to_completion(res)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from lightning.pytorch import Callback, Trainer
 
-from lit_llm.lightning.grpo import GRPOModule, completion_log_probs
+from lit_llm.lightning.grpo import GRPOModule
 from lit_llm.lightning.grpo_data import GRPODataModule
 from lit_llm.objectives.grpo import grpo_loss
-from lit_llm.policy.logprobs import model_token_log_probs
+from lit_llm.policy.logprobs import completion_log_probs, model_token_log_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -100,20 +100,52 @@ def test_step_normalisation_independent_of_micro_batching(loss_type, tokenizer):
     assert torch.allclose(loss_whole, loss_parts, atol=1e-6)
 
 
-def test_completion_log_probs_match_full_kernel(tiny, tokenizer):
-    module = GRPOModule("tiny", reward_funcs=[frac_reward], num_generations=2, max_new_tokens=5)
+def test_micro_batches_rebuild_the_rollout_rows(tokenizer):
+    """The prompt/completion layout holds exactly each rollout row's tokens and generation-time log-probs, with one
+    prompt row per distinct prompt, and keeps groups together."""
+    module = GRPOModule("tiny", reward_funcs=[frac_reward], num_generations=4, max_new_tokens=6, rollout_seed=3)
+    rollout = module.engine.rollout({"prompt": ["What is 1 + 1?", "Hello", "Say hi", "What is 2 + 2?"]}, step=0)
+    full, attn = rollout["tokens", "full"], rollout["masks", "all_attention_mask"]
+    cm, old = rollout["masks", "completion_mask"], rollout["log_probs", "full"]
+    for size, n_prompts in ((16, [4]), (8, [2, 2]), (6, [2, 2, 1])):
+        module.micro_batch_size = size
+        mbs = module.micro_batches(rollout)
+        assert [mb["prompt_ids"].shape[0] for mb in mbs] == n_prompts
+        seen = []
+        for mb in mbs:
+            for k, sid in enumerate(mb["sample_ids"]):
+                i = int(sid.rsplit("#", 1)[1])
+                seen.append(i)
+                prompt = mb["prompt_ids"][mb["prompt_index"][k]][mb["prompt_mask"][mb["prompt_index"][k]]]
+                comp = mb["completion_ids"][k][mb["completion_mask"][k]]
+                assert torch.equal(torch.cat([prompt, comp]), full[i][attn[i]])
+                assert torch.equal(comp, full[i][cm[i]])
+                assert torch.equal(mb["old_log_probs"][k][mb["completion_mask"][k]], old[i][cm[i]])
+                assert (mb["old_log_probs"][k][~mb["completion_mask"][k]] == 0).all()
+                assert float(mb["advantages"][k]) == float(rollout["advantage"][i])
+            assert int(mb["num_real_tokens"]) == int(attn[[int(s.rsplit("#", 1)[1]) for s in mb["sample_ids"]]].sum())
+        assert sorted(seen) == list(range(16))
+
+
+@pytest.mark.parametrize("share_prompts", [True, False])
+def test_micro_batch_log_probs_match_full_kernel(tiny, tokenizer, share_prompts):
+    """Log-probs of the micro-batch layout == the full-row kernel on the rollout; ratio 1 against the sampler's."""
+    module = GRPOModule("tiny", reward_funcs=[frac_reward], num_generations=3, max_new_tokens=5, micro_batch_size=4)
     rollout = module.engine.rollout({"prompt": ["What is 1 + 1?", "Hello"]}, step=0)
-    ids, attn, cm = rollout["tokens", "full"], rollout["masks", "all_attention_mask"], rollout["masks",
+    full, attn, cm = rollout["tokens", "full"], rollout["masks", "all_attention_mask"], rollout["masks",
                                                                                                "completion_mask"]
-    model = module.model
-    lp, ent = completion_log_probs(model, ids, attn, cm, temperature=0.7, return_entropy=True)
-    ref, ref_ent = model_token_log_probs(model, ids, attn, temperature=0.7, return_entropy=True)
-    assert torch.allclose(lp[cm], ref[cm], atol=1e-5) and (lp[~cm] == 0).all()
-    assert torch.allclose(ent[cm], ref_ent[cm], atol=1e-5)
-    # the loss on these log-probs against the generation-time ones: ratio 1 (temperature 1 = sampling temperature)
-    lp1 = completion_log_probs(model, ids, attn, cm, temperature=1.0)
-    _, m = grpo_loss(lp1, rollout["log_probs", "full"], rollout["advantage"], cm)
-    assert abs(float(m["ratio_min"]) - 1) < 1e-4 and abs(float(m["ratio_max"]) - 1) < 1e-4
+    ref, ref_ent = model_token_log_probs(module.model, full, attn, temperature=0.7, return_entropy=True)
+    for mb in module.micro_batches(rollout):
+        args = (mb["prompt_ids"], mb["prompt_mask"], mb["completion_ids"], mb["completion_mask"], mb["prompt_index"])
+        lp, ent = completion_log_probs(module.model, *args, share_prompts=share_prompts, temperature=0.7,
+                                       return_entropy=True)
+        rows = [int(s.rsplit("#", 1)[1]) for s in mb["sample_ids"]]
+        m = mb["completion_mask"]
+        assert torch.allclose(lp[m], torch.cat([ref[i][cm[i]] for i in rows]), atol=1e-5) and (lp[~m] == 0).all()
+        assert torch.allclose(ent[m], torch.cat([ref_ent[i][cm[i]] for i in rows]), atol=1e-5)
+        lp1 = completion_log_probs(module.model, *args, share_prompts=share_prompts, temperature=1.0)
+        _, stats = grpo_loss(lp1, mb["old_log_probs"], mb["advantages"], m)
+        assert abs(float(stats["ratio_min"]) - 1) < 1e-4 and abs(float(stats["ratio_max"]) - 1) < 1e-4
 
 
 def test_sync_mode_is_reproducible():
