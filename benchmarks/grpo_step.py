@@ -4,8 +4,9 @@ Setting (issue 6): the embedded SmolLM2-135M-Instruct, 8 prompts x 8 generations
 temperature 1.0, on the synthetic arithmetic prompts, one optimizer step per batch (``dapo`` loss, AdamW). Each
 precision runs in a fresh Lightning ``Trainer`` for ``--steps`` steps; the first ``--warmup`` steps are discarded and
 the median of the rest is reported: ``step`` (s), ``generation`` (rollout sampling, KV cache), ``training``
-(log-probs of the completion tokens with the chunked LM head + backward + optimizer), tokens/s of training, and the
-peak RSS of the process.
+(log-probs of the completion tokens with the chunked LM head + backward + optimizer), tokens/s of training (prompt +
+completion tokens of the trained rows per second of training), and the peak RSS. Every run (ours or TRL's, per
+precision) is a separate child process, so each peak RSS is that run's own.
 
 When ``trl`` is installed (``pip install -e '.[bench]'``) TRL's ``GRPOTrainer`` runs with the same settings in the
 same invocation (``--trl``) and its median step time is printed beside ours. Measured outside this project on this
@@ -20,8 +21,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from functools import partial
 
@@ -62,8 +67,9 @@ def run_ours(model: str, precision: str, steps: int, warmup: int, prompts: int, 
     return out
 
 
-def run_trl(precision: str, steps: int, prompts: int, generations: int, max_new_tokens: int) -> float | None:
-    """Median seconds per step of TRL's ``GRPOTrainer`` with the same settings, or ``None`` without ``trl``."""
+def run_trl(precision: str, steps: int, prompts: int, generations: int, max_new_tokens: int) -> dict[str, float] | None:
+    """Median seconds per step of TRL's ``GRPOTrainer`` with the same settings (and the peak RSS), or ``None``
+    without ``trl``."""
     try:
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
@@ -93,7 +99,20 @@ def run_trl(precision: str, steps: int, prompts: int, generations: int, max_new_
     start = time.perf_counter()
     trainer.train()
     deltas = [b - a for a, b in zip([start, *stamps], stamps)]
-    return statistics.median(deltas[1:] or deltas)
+    return {"time/step": statistics.median(deltas[1:] or deltas),
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
+
+
+def _child(a: argparse.Namespace, impl: str, precision: str) -> dict[str, float] | None:
+    """Run one measurement in a fresh process (its own peak RSS); ``None`` when that run reports nothing."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl, "--precisions", precision, "--model", a.model,
+           "--steps", str(a.steps), "--warmup", str(a.warmup), "--prompts", str(a.prompts), "--generations",
+           str(a.generations), "--max-new-tokens", str(a.max_new_tokens)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{impl} {precision} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def main() -> None:
@@ -106,19 +125,27 @@ def main() -> None:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--trl", action="store_true", help="also run TRL's GRPOTrainer (needs trl)")
+    p.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)  # one measurement, in a child
     a = p.parse_args()
+    if a.worker:
+        args = (a.precisions[0], a.steps)
+        r = run_ours(a.model, *args, a.warmup, a.prompts, a.generations, a.max_new_tokens) if a.worker == "ours" \
+            else run_trl(*args, a.prompts, a.generations, a.max_new_tokens)
+        print("RESULT " + json.dumps(r), flush=True)
+        return
     print(f"{a.prompts} prompts x {a.generations} generations, <= {a.max_new_tokens} new tokens, model {a.model}, "
           f"{torch.get_num_threads()} threads")
     for precision in a.precisions:
-        r = run_ours(a.model, precision, a.steps, a.warmup, a.prompts, a.generations, a.max_new_tokens)
+        r = _child(a, "ours", precision)
         line = (f"lit_llm {precision:>10}: step {r['time/step']:.2f} s = generation {r['time/generation']:.2f} s + "
                 f"training {r['time/training']:.2f} s; {r.get('train/tokens_per_sec', float('nan')):.0f} trained "
                 f"tokens/s; peak RSS {r['peak_rss_gb']:.2f} GB")
         print(line, flush=True)
         if a.trl:
-            t = run_trl(precision, a.steps, a.prompts, a.generations, a.max_new_tokens)
+            t = _child(a, "trl", precision)
             print(f"TRL     {precision:>10}: " + ("trl not installed" if t is None else
-                                                  f"step {t:.2f} s -> lit_llm is {t / r['time/step']:.2f}x"),
+                                                  f"step {t['time/step']:.2f} s; peak RSS {t['peak_rss_gb']:.2f} GB "
+                                                  f"-> lit_llm is {t['time/step'] / r['time/step']:.2f}x"),
                   flush=True)
 
 

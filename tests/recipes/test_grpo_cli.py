@@ -34,16 +34,20 @@ def test_grpo_configs_parse(config, capsys):
     assert "class_path: lit_llm.lightning.grpo_data.GRPODataModule" in out
 
 
-def _run(tmp: Path, *args: str) -> None:
+def _cli(tmp: Path, config: str, *args: str) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "lit_llm.lightning.cli", "fit", "--config", str(ROOT / "configs/grpo_tiny.yaml"),
-           "--trainer.default_root_dir", str(tmp), "--model.init_args.reward_funcs", '["test_grpo_cli:frac_reward"]',
-           "--model.init_args.reward_weights", "null", "--model.init_args.num_generations", "8",
-           "--model.init_args.max_new_tokens", "4", "--model.init_args.micro_batch_size", "16",
-           "--model.init_args.optimizer.init_args.lr", "0.03", *args]
+    cmd = [sys.executable, "-m", "lit_llm.lightning.cli", "fit", "--config", str(ROOT / "configs" / config),
+           "--trainer.default_root_dir", str(tmp), *args]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _run(tmp: Path, *args: str) -> None:
+    _cli(tmp, "grpo_tiny.yaml", "--model.init_args.reward_funcs", '["test_grpo_cli:frac_reward"]',
+         "--model.init_args.reward_weights", "null", "--model.init_args.num_generations", "8",
+         "--model.init_args.max_new_tokens", "4", "--model.init_args.micro_batch_size", "16",
+         "--model.init_args.optimizer.init_args.lr", "0.03", *args)
 
 
 def _train_rows(tmp: Path, version: int = 0) -> list[dict[str, str]]:
@@ -96,3 +100,22 @@ def test_grpo_tiny_cli_async(tmp_path):
     assert all(float(r["train/staleness"]) <= 2 for r in rows)
     assert all(math.isfinite(float(r["train/loss"])) for r in rows)
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
+
+
+@pytest.mark.slow
+def test_grpo_gsm8k_config_runs(tmp_path, gsm8k_dir):
+    """configs/grpo_gsm8k.yaml as shipped (GSM8K prompts, final-answer reward, truncation masking, greedy eval),
+    with the tiny model and short budgets so that it fits the slow suite."""
+    _cli(tmp_path, "grpo_gsm8k.yaml", "--model.init_args.model", "tiny", "--data.init_args.tokenizer", "tiny",
+         "--data.init_args.path", str(gsm8k_dir / "train.jsonl"), "--data.init_args.eval_path",
+         str(gsm8k_dir / "test.jsonl"), "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
+         "--trainer.limit_val_batches", "1", "--data.init_args.eval_batch_size", "4",
+         "--model.init_args.max_new_tokens", "12", "--model.init_args.eval_max_new_tokens", "8", "--wandb", "false")
+    rows = _train_rows(tmp_path)
+    assert len(rows) == 2
+    assert all(math.isfinite(float(r[k])) for r in rows for k in ("train/loss", "train/rewards/gsm8k_answer_reward/mean",
+                                                                 "train/completions/clipped_ratio"))
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
+        evals = [r for r in csv.DictReader(f) if r.get("eval/gsm8k_answer_reward")]
+    assert len(evals) == 1 and 0.0 <= float(evals[0]["eval/gsm8k_answer_reward"]) <= 1.0
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
