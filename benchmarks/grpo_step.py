@@ -12,10 +12,15 @@ When ``trl`` is installed (``pip install -e '.[bench]'``) TRL's ``GRPOTrainer`` 
 same invocation (``--trl``) and its median step time is printed beside ours. Measured outside this project on this
 machine, TRL took 39.9-40.9 s per step (generation 10.8 s, training 29-30 s) in fp32.
 
+``--parts`` instead times the two halves of a step in one process, outside Lightning: one rollout (generation +
+rewards) and one forward+backward of its 64 rows, with ``share_prompts`` on and off, in fp32 and under bf16 autocast
+(each twice; where the step's time goes).
+
 Usage::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_step.py                       # fp32 and bf16-mixed
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_step.py --model tiny --steps 3 --precisions 32-true  # smoke
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_step.py --parts                         # generation / training
 """
 
 from __future__ import annotations
@@ -103,6 +108,39 @@ def run_trl(precision: str, steps: int, prompts: int, generations: int, max_new_
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2}
 
 
+def run_parts(model: str, prompts: int, generations: int, max_new_tokens: int) -> None:
+    """Print the seconds of one rollout and of one forward+backward of its rows (shared prompts on / off)."""
+    from lit_llm.data.arithmetic import arithmetic_prompts
+    from lit_llm.policy.logprobs import completion_log_probs
+
+    module = GRPOModule(model, reward_funcs=REWARDS, num_generations=generations, max_new_tokens=max_new_tokens,
+                        temperature=1.0, micro_batch_size=prompts * generations, log_samples_every=0)
+    rows = arithmetic_prompts(prompts, seed=0)
+    batch = {"prompt": [r["prompt"] for r in rows], "answer": [r["answer"] for r in rows]}
+    rollout = None
+    for bf16 in (False, True, False, True):
+        t = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            rollout = module.engine.rollout(batch, step=0)
+        print(f"rollout {'bf16' if bf16 else 'fp32'}: {time.perf_counter() - t:.2f} s "
+              f"(generation {rollout.get_non_tensor('generation_time'):.2f} s)", flush=True)
+    mbs = module.micro_batches(rollout)
+    shapes = [(tuple(mb["prompt_ids"].shape), tuple(mb["completion_ids"].shape)) for mb in mbs]
+    print(f"micro-batches (prompts, completions): {shapes}; full rows {tuple(rollout['tokens', 'full'].shape)}")
+    for share in (True, False):
+        for bf16 in (False, True, False, True):
+            t = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                for mb in mbs:
+                    lp = completion_log_probs(module.model, mb["prompt_ids"], mb["prompt_mask"],
+                                              mb["completion_ids"], mb["completion_mask"], mb["prompt_index"],
+                                              share_prompts=share)
+                    lp.sum().backward()
+            module.model.zero_grad(set_to_none=True)
+            print(f"forward+backward, share_prompts={share}, {'bf16' if bf16 else 'fp32'}: "
+                  f"{time.perf_counter() - t:.2f} s", flush=True)
+
+
 def _child(a: argparse.Namespace, impl: str, precision: str) -> dict[str, float] | None:
     """Run one measurement in a fresh process (its own peak RSS); ``None`` when that run reports nothing."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl, "--precisions", precision, "--model", a.model,
@@ -125,8 +163,12 @@ def main() -> None:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--trl", action="store_true", help="also run TRL's GRPOTrainer (needs trl)")
+    p.add_argument("--parts", action="store_true", help="time one rollout and one forward+backward instead")
     p.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)  # one measurement, in a child
     a = p.parse_args()
+    if a.parts:
+        run_parts(a.model, a.prompts, a.generations, a.max_new_tokens)
+        return
     if a.worker:
         args = (a.precisions[0], a.steps)
         r = run_ours(a.model, *args, a.warmup, a.prompts, a.generations, a.max_new_tokens) if a.worker == "ours" \

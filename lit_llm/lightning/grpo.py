@@ -11,8 +11,11 @@ training_step`:
    of the weights (:class:`~lit_llm.policy.rollout.AsyncRollouts`, wired in by the datamodule through
    :meth:`GRPOModule.wrap_train_loader`), refreshed every ``sync_every`` optimizer steps by
    :class:`RolloutWeightSync`; a rollout more than ``max_staleness`` steps old is dropped (counted, no step).
-2. **Loss.** The rollouts are sorted by length and cut into micro-batches of ``micro_batch_size`` rows (left padding
-   trimmed per micro-batch). :class:`~lit_llm.lightning.module.PolicyModule` runs one manual optimizer step over
+2. **Loss.** The rollouts are cut into micro-batches of ``micro_batch_size`` rows, groups kept together (longest
+   group first), in the prompt/completion layout of :func:`~lit_llm.policy.logprobs.completion_log_probs`: with
+   ``share_prompts`` (default) each distinct prompt runs through the backbone once per micro-batch and its
+   completions on top of its KV cache. :class:`~lit_llm.lightning.module.PolicyModule` runs one manual optimizer
+   step over
    them: the denominator of the step (``dapo``: completion tokens after truncation masking; ``grpo``/``dr_grpo``:
    sequences) is counted over every micro-batch and all-reduced over ranks before any backward pass; each
    micro-batch's new log-probs come from the chunked kernel at the sampling temperature (no ``[B, T, V]`` logits) and
@@ -25,12 +28,12 @@ training_step`:
    ``train/completions/clipped_ratio`` (truncated fraction), ``train/loss``, ``train/kl`` (with a reference),
    ``train/entropy``, ``train/clip_ratio/{low,high,region}_mean``, ``train/ratio_mean`` (and this rank's
    ``train/ratio_{min,max}``), ``train/staleness``, ``train/dropped_rollouts``, ``time/{generation,training,step}`` (s),
-   ``train/tokens_per_sec`` (trained real tokens / training time), ``rollout/tokens_per_sec`` (generated tokens /
-   generation time), ``train/grad_norm``, ``train/lr``. Every ``log_samples_every`` steps a table of sampled
-   completions with their rewards (``rollout_samples.csv`` in the log folder, and a wandb table). Under DDP the
-   reward, per-function reward, ``frac_reward_zero_std`` and completion metrics cover every rank's completions (one
-   ``all_gather`` per step); times, ``rollout/tokens_per_sec`` and the ratio min/max are rank 0's
-   (docs/distributed.md).
+   ``train/tokens_per_sec`` (prompt + completion tokens of the trained rows / training time),
+   ``rollout/tokens_per_sec`` (generated tokens / generation time), ``train/grad_norm``, ``train/lr``. Every
+   ``log_samples_every`` steps a table of sampled completions with their rewards (``rollout_samples.csv`` in the
+   log folder, and a wandb table). Under DDP the reward, per-function reward, ``frac_reward_zero_std`` and
+   completion metrics cover every rank's completions (one ``all_gather`` per step); times,
+   ``rollout/tokens_per_sec`` and the ratio min/max are rank 0's (docs/distributed.md).
 
 Validation = greedy evaluation on the held-out prompts (``trainer.val_check_interval`` = every N steps): each
 ``eval_reward_funcs`` function's mean is logged as ``eval/<fn>`` (torchmetrics, synced over ranks); with

@@ -113,8 +113,8 @@ def test_grpo_gsm8k_config_runs(tmp_path, gsm8k_dir):
          "--model.init_args.max_new_tokens", "12", "--model.init_args.eval_max_new_tokens", "8", "--wandb", "false")
     rows = _train_rows(tmp_path)
     assert len(rows) == 2
-    assert all(math.isfinite(float(r[k])) for r in rows for k in ("train/loss", "train/rewards/gsm8k_answer_reward/mean",
-                                                                 "train/completions/clipped_ratio"))
+    keys = ("train/loss", "train/rewards/gsm8k_answer_reward/mean", "train/completions/clipped_ratio")
+    assert all(math.isfinite(float(r[k])) for r in rows for k in keys)
     with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
         evals = [r for r in csv.DictReader(f) if r.get("eval/gsm8k_answer_reward")]
     assert len(evals) == 1 and 0.0 <= float(evals[0]["eval/gsm8k_answer_reward"]) <= 1.0
