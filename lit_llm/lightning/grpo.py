@@ -284,9 +284,11 @@ class GRPOModule(PolicyModule):
         """Cut a rollout batch into micro-batches of ``micro_batch_size`` rows in the prompt/completion layout of
         :func:`~lit_llm.policy.logprobs.completion_log_probs`, on the module's device.
 
-        Rows of one group stay together (groups ordered by their longest row, longest first; rows within a group by
-        completion length), so a micro-batch holds few distinct prompts and, with ``share_prompts``, each one goes
-        through the backbone once. Prompts are deduplicated by content, not by group id.
+        Rows of one group (the rollout's ``group`` ids) stay together: groups ordered by their longest row, longest
+        first, rows within a group by completion length. A micro-batch thus holds few distinct prompts and, with
+        ``share_prompts``, each one goes through the backbone once. Within a micro-batch prompts are deduplicated by
+        content (equal ids and length), so group ids only decide the order; a rollout without ``group`` is ordered
+        row by row (correct, but prompts shared less).
 
         Returns:
             Dicts with ``prompt_ids`` / ``prompt_mask`` ``[P, Lp]`` (left-padded, ``P`` distinct prompts),

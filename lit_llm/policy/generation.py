@@ -364,7 +364,8 @@ def unique_rows(ids: Tensor, lengths: list[int]) -> tuple[Tensor, Tensor | None]
         rows are all distinct (``unique`` is then ``arange(B)``).
     """
     first: dict[tuple[int, bytes], int] = {}
-    keys = [first.setdefault((n, row.cpu().numpy().tobytes()), len(first)) for n, row in zip(lengths, ids)]
+    host = ids.cpu().numpy()  # one device-to-host copy
+    keys = [first.setdefault((n, row.tobytes()), len(first)) for n, row in zip(lengths, host)]
     if len(first) == len(keys):
         return torch.arange(len(keys), device=ids.device), None
     rep = {k: i for i, k in reversed(list(enumerate(keys)))}  # key -> first row holding it

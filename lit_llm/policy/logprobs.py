@@ -400,7 +400,7 @@ def completion_log_probs(
 
     Args:
         model: an HF ``*ForCausalLM`` (its backbone must take a ``DynamicCache`` when ``share_prompts``).
-        prompt_ids: ``[P, Lp]`` long, **left**-padded prompts.
+        prompt_ids: ``[P, Lp]`` long, **left**-padded prompts (any padding id: padding is read from the masks).
         prompt_mask: ``[P, Lp]`` bool/0-1, 1 = real prompt token; every row non-empty and left-padded.
         completion_ids: ``[N, Lc]`` long, **right**-padded completions.
         completion_mask: ``[N, Lc]`` bool/0-1, 1 = real completion token (a prefix of each row).
@@ -413,8 +413,9 @@ def completion_log_probs(
         ``return_entropy``, ``(log_probs, entropy)`` alike.
 
     Raises:
-        ValueError: shapes that do not line up, a prompt row that is empty or not left-padded, a completion mask that
-            is not right-padded, a ``prompt_index`` outside ``[0, P)``; see also :func:`model_token_log_probs`.
+        ValueError: shapes that do not line up, no completion token (``N == 0`` or ``Lc == 0``), a prompt row that is
+            empty or not left-padded, a completion mask that is not right-padded, a non-integer ``prompt_index`` or
+            one outside ``[0, P)``; see also :func:`model_token_log_probs`.
         RuntimeError: ``share_prompts`` and the backbone returned no ``DynamicCache`` (gradient checkpointing in
             training mode turns caching off): pass ``share_prompts=False``.
     """
@@ -434,6 +435,11 @@ def completion_log_probs(
     if bool((cmask[:, 1:] > cmask[:, :-1]).any()):
         raise ValueError("completion_log_probs: completion_mask rows must be right-padded (1s then 0s); re-pad the "
                          "completions on the right.")
+    if n_rows == 0 or comp_len == 0:
+        raise ValueError(f"completion_log_probs: no completion to score (completion_ids "
+                         f"{tuple(completion_ids.shape)}); give at least one row with at least one completion token.")
+    if prompt_index.dtype.is_floating_point or prompt_index.dtype == torch.bool:
+        raise ValueError(f"completion_log_probs: prompt_index must be integer row indices, got {prompt_index.dtype}.")
     index = prompt_index.long()
     if n_rows and (int(index.min()) < 0 or int(index.max()) >= prompt_ids.shape[0]):
         raise ValueError(f"completion_log_probs: prompt_index must lie in [0, {prompt_ids.shape[0]}); got values in "
@@ -443,6 +449,8 @@ def completion_log_probs(
     if not share_prompts:
         return _full_rows_completion_log_probs(model, prompt_ids, pmask, completion_ids, cmask, index, **kwargs)
     backbone, head = _backbone_and_head(model)
+    # padding ids are never read (masked out of attention and scoring), but the embedding still looks them up
+    prompt_ids, completion_ids = prompt_ids.masked_fill(~pmask, 0), completion_ids.masked_fill(~cmask, 0)
     p_pos = (pmask.long().cumsum(-1) - 1).clamp(min=0)
     out = backbone(input_ids=prompt_ids, attention_mask=pmask.long(), position_ids=p_pos, use_cache=True)
     cache = out.get("cache", None) or out.get("past_key_values", None)

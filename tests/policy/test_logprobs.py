@@ -445,6 +445,24 @@ def test_completion_log_probs_errors(peaked):
         completion_log_probs(peaked, p_ids, p_mask, c_ids, c_mask, torch.tensor([0, 2]))
     with pytest.raises(ValueError, match="prompt_index"):
         completion_log_probs(peaked, p_ids, p_mask, c_ids, c_mask, index[:1])
+    with pytest.raises(ValueError, match="integer row indices"):
+        completion_log_probs(peaked, p_ids, p_mask, c_ids, c_mask, index.float())
+    with pytest.raises(ValueError, match="no completion to score"):
+        completion_log_probs(peaked, p_ids, p_mask, c_ids[:, :0], c_mask[:, :0], index)
+    with pytest.raises(ValueError, match="no completion to score"):
+        completion_log_probs(peaked, p_ids, p_mask, c_ids[:0], c_mask[:0], index[:0])
+
+
+@pytest.mark.parametrize("share_prompts", [True, False])
+def test_completion_log_probs_ignore_padding_ids(peaked, share_prompts):
+    """Padding is read from the masks: any id there (even one outside the vocabulary) gives the same numbers."""
+    batch = _prompt_completion_batch([[5, 6, 7], [8]], [[9, 10, 11], [12]], [0, 1])
+    p_ids, p_mask, c_ids, c_mask, index = batch
+    with torch.no_grad():
+        lp = completion_log_probs(peaked, *batch, share_prompts=share_prompts)
+        odd = completion_log_probs(peaked, p_ids.masked_fill(~p_mask, -100), p_mask, c_ids.masked_fill(~c_mask, 10**6),
+                                   c_mask, index, share_prompts=share_prompts)
+    assert torch.equal(lp, odd)
 
 
 def test_completion_log_probs_need_a_cache_when_sharing(tokenizer):
