@@ -323,14 +323,17 @@ def _draw(panels: dict[str, list[Series]], out: Path, title: str) -> None:
             if s.std is not None:
                 lo = [v - d for v, d in zip(s.values, s.std)]
                 hi = [v + d for v, d in zip(s.values, s.std)]
-                ax.fill_between(s.steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0,
-                                label=f"{s.name} ± std")
+                # the band shares its line's colour; the y label says "± 1 std", so no legend entry of its own
+                ax.fill_between(s.steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0, label="_nolegend_")
         ax.set_title(panel)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(spec.ylabel)
         ax.grid(True, alpha=0.3)
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4))
-        ax.legend(fontsize=8, loc="best")
+        if len(series) > 4:  # a crowded legend goes under the panel, where it cannot hide the curves
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
+        else:
+            ax.legend(fontsize=8, loc="best")
     for ax in axes[n:]:
         ax.set_visible(False)
 
