@@ -312,11 +312,11 @@ class GRPOModule(PolicyModule):
             prompts = [full[i, width - int(c_len[i]) - int(p_len[i]):width - int(c_len[i])] for i in idx]
             comps = [full[i, width - int(c_len[i]):] for i in idx]
             p_ids = pad_rows(prompts, self.engine.pad_token_id)
-            unique, inverse = unique_rows(p_ids, [p.numel() for p in prompts])
+            p_lens = torch.tensor([p.numel() for p in prompts])
+            p_mask = torch.arange(p_ids.shape[1])[None] >= p_ids.shape[1] - p_lens[:, None]  # left padding
+            unique, inverse = unique_rows(p_ids, p_lens.tolist())
             index = torch.arange(len(idx)) if inverse is None else inverse
-            p_ids = p_ids[unique]
-            p_mask = pad_rows([torch.ones(prompts[int(u)].numel(), dtype=torch.bool) for u in unique], False)
-            p_ids = p_ids[:, p_ids.shape[1] - p_mask.shape[1]:]
+            p_ids, p_mask = p_ids[unique], p_mask[unique]
             dev = self.device
             out.append({
                 "prompt_ids": p_ids.to(dev), "prompt_mask": p_mask.to(dev),

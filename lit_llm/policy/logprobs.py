@@ -367,7 +367,6 @@ def model_token_log_probs(
     return torch.cat([pad, res], 1)
 
 
-
 def completion_log_probs(
     model,
     prompt_ids: Tensor,
