@@ -1,14 +1,15 @@
 """GRPO, written out: what ``lit-llm fit --config configs/grpo_arithmetic.yaml`` does, in plain Python.
 
-    python recipes/grpo.py --max-steps 60 --out runs/recipe_grpo                 # SmolLM2 on "What is a + b?"
-    python recipes/grpo.py --model tiny --max-steps 4 --out runs/recipe_grpo_tiny  # seconds, plumbing only
+    python recipes/grpo.py --out runs/recipe_grpo                                  # SmolLM2 on "What is a + b?"
+    python recipes/grpo.py --model tiny --max-steps 4 --precision 32-true --no-wandb --out runs/recipe_grpo_tiny
 
-Three steps: the policy and its GRPO settings (rewards, group size, sampling, loss), the prompts (synthetic
-arithmetic with disjoint held-out problems), and the Lightning ``Trainer``, which runs a greedy evaluation before
-training (sanity check) and every ``--eval-every`` steps. Every training step: the generate version of the policy
-samples ``num_generations`` completions per prompt, the reward functions score them, group-relative advantages are
-formed, and the log-prob version trains on the sampled ids with the clipped surrogate (old log-probs = the
-generation-time ones).
+Every default below is the config's value (``tests/recipes/test_recipes_match_configs.py`` checks that, key by key,
+without training). Three steps, in :func:`build`: the policy and its GRPO settings (rewards, group size, sampling,
+loss), the prompts (synthetic arithmetic with disjoint held-out problems), and the Lightning ``Trainer``'s settings,
+which run a greedy evaluation before training (sanity check) and every ``--eval-every`` steps; :func:`main` then
+trains. Every training step: the generate version of the policy samples ``num_generations`` completions per prompt,
+the reward functions score them, group-relative advantages are formed, and the log-prob version trains on the
+sampled ids with the clipped surrogate (old log-probs = the generation-time ones).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import argparse
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
 
+from lit_llm.lightning.callbacks import StepCheckpoint
+from lit_llm.lightning.cli import default_loggers
 from lit_llm.lightning.grpo import GRPOModule
 from lit_llm.lightning.grpo_data import GRPODataModule
 
@@ -36,45 +38,65 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--num-generations", type=int, default=8, help="completions per prompt (group size)")
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--loss-type", default="dapo", choices=["dapo", "grpo", "dr_grpo", "bnpo"])
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0: no reference model)")
     p.add_argument("--rollout-mode", default="sync", choices=["sync", "async"])
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--max-steps", type=int, default=60)
-    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--max-steps", type=int, default=80)
+    p.add_argument("--max-time", default="00:00:30:00", help="wall-clock cap, dd:hh:mm:ss")
+    p.add_argument("--eval-every", type=int, default=10, help="optimizer steps between greedy evaluations")
+    p.add_argument("--checkpoint-every", type=int, default=20, help="optimizer steps between checkpoints")
     p.add_argument("--num-eval", type=int, default=200, help="held-out problems for greedy evaluation")
-    p.add_argument("--precision", default="32-true", help="32-true or bf16-mixed")
+    p.add_argument("--precision", default="bf16-mixed", help="bf16-mixed or 32-true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wandb", action=argparse.BooleanOptionalAction, default=True,
+                   help="add an offline WandbLogger next to the CSV one")
     p.add_argument("--out", default="runs/recipe_grpo", help="run folder: csv/ and checkpoints/")
     return p.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> Trainer:
-    """Train; returns the fitted ``Trainer`` (metrics in ``<out>/csv/version_N/metrics.csv``)."""
+def build(argv: Sequence[str] | None = None) -> tuple[GRPOModule, GRPODataModule, dict[str, Any]]:
+    """The module, the data module and the ``Trainer`` keyword arguments of the job, without training."""
     args = parse_args(argv)
     seed_everything(args.seed)
     out = Path(args.out)
 
     # 1. The policy and GRPO's knobs (TRL names). The rewards are shaped: exact answer, lenient answer, format.
+    #    Advantages are group-centred but scaled by the batch std ("batch"): with per-group std a lone bare wrong
+    #    number scored as high as a right one.
     module = GRPOModule(
-        args.model, reward_funcs=REWARDS, reward_weights=[1.0, 0.5, 0.25], num_generations=args.num_generations,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, loss_type=args.loss_type, beta=args.beta,
-        epsilon=0.2, epsilon_high=0.28, rollout_mode=args.rollout_mode, micro_batch_size=16,
-        eval_reward_funcs=REWARDS[:2], optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=0.0),
+        args.model, reward_funcs=REWARDS, reward_weights=[1.0, 0.25, 0.5], num_generations=args.num_generations,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, loss_type=args.loss_type,
+        epsilon=0.2, epsilon_high=0.28, beta=args.beta, scale_rewards="batch", mask_truncated_completions=False,
+        num_iterations=1, micro_batch_size=16, share_prompts=True, rollout_mode=args.rollout_mode,
+        batching=True, rollout_workers=None, rollout_seed=args.seed,
+        eval_reward_funcs=REWARDS[:2], eval_max_new_tokens=args.max_new_tokens, eval_samples=8,
+        log_samples_every=5, grad_clip=1.0, optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=0.0),
     )
 
-    # 2. The prompts: seeded synthetic problems; the held-out ones never appear in training.
+    # 2. The prompts: seeded synthetic "a + b" problems (10..99); the held-out ones never appear in training.
     data = GRPODataModule("arithmetic", batch_size=args.prompts_per_step, num_train=2000, num_eval=args.num_eval,
-                          eval_batch_size=50, seed=args.seed)
+                          eval_batch_size=50, low=10, high=99, ops=["+"], seed=args.seed)
 
-    # 3. The Trainer: one batch = one optimizer step; greedy evaluation before training and every eval_every steps.
-    trainer = Trainer(
-        default_root_dir=str(out), max_steps=args.max_steps, precision=args.precision, accelerator="auto",
-        devices=1, logger=CSVLogger(str(out), name="csv"), log_every_n_steps=1,
+    # 3. The Trainer: one batch = one optimizer step; greedy evaluation before training and every eval_every steps;
+    #    CSV (+ W&B) logs and a checkpoint every checkpoint_every steps plus last.ckpt, as the CLI writes them. No
+    #    ValidationSamples callback: the evaluation logs its own samples (the config's samples.num_samples is 0).
+    trainer_kwargs: dict[str, Any] = dict(
+        default_root_dir=str(out), accelerator="auto", devices=1, precision=args.precision,
+        max_steps=args.max_steps, max_time=args.max_time, log_every_n_steps=1,
         val_check_interval=args.eval_every, check_val_every_n_epoch=None, num_sanity_val_steps=-1,
-        callbacks=[ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, every_n_train_steps=args.eval_every)],
+        enable_progress_bar=True, logger=default_loggers(str(out), wandb=args.wandb),
+        callbacks=[StepCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=1,
+                                  every_n_train_steps=args.checkpoint_every)],
     )
+    return module, data, trainer_kwargs
+
+
+def main(argv: Sequence[str] | None = None) -> Trainer:
+    """Train; returns the fitted ``Trainer`` (metrics in ``<out>/csv/version_N/metrics.csv``)."""
+    module, data, trainer_kwargs = build(argv)
+    trainer = Trainer(**trainer_kwargs)
     trainer.fit(module, data)
     print({k: round(float(v), 4) for k, v in trainer.callback_metrics.items() if k.startswith(("eval/", "train/r"))})
     return trainer

@@ -1,53 +1,39 @@
-"""Chat messages as a tensorclass, chat-template rendering and exact assistant masks (DESIGN.md properties 3 and 8).
+"""Chat messages as a tensorclass (DESIGN.md properties 3 and 8).
 
 A :class:`History` holds chat messages batched as ``[n_messages]`` (one conversation) or ``[B, n_messages]``
 (B conversations; ragged ones are padded with messages of role ``"<none>"`` that rendering skips). Names follow
 TorchRL's ``torchrl.data.llm.History``.
 
-Assistant masks (``History.apply_chat_template(..., return_assistant_tokens_mask=True)``) mark, for each assistant
-message, the tokens a model generates for that turn: everything after the generation prompt up to and including
-the end-of-turn text, never a separator rendered after it. Two sources of character spans:
-
-* templates with ``{% generation %}`` markers: transformers' own tracker (``render_jinja_template``);
-* any other Jinja template: spans derived from renders of the conversation's prefixes (see ``_assistant_spans``).
-
-Characters map to tokens with the fast tokenizer's offset mapping; a token whose characters overlap a span is in
-the mask (as in transformers' ``apply_chat_template``), so a BPE merge of a template newline with leading spaces of
-the content (``ĊĠ``) puts that token in the mask.
+:meth:`History.apply_chat_template` is the public entry point for rendering; the template rendering and the exact
+assistant masks (property 3) live in ``lit_llm.data.chat_template``, the input validation and the special-token
+check (property 8) in ``lit_llm.data.validation``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from tensordict import TensorClass, lazy_stack
 
-from lit_llm.data.errors import (
-    ChatTemplateError,
-    InvalidConversationError,
-    NoAssistantTokensError,
-    SpecialTokenInContentError,
+from lit_llm.data.chat_template import STOP_STRINGS, _assistant_spans, _pad, _Renderer, _resolve_template, _tokenize
+from lit_llm.data.errors import InvalidConversationError, NoAssistantTokensError
+from lit_llm.data.validation import (
+    PAD_ROLE,
+    ROLES,
+    _check_content,
+    _check_role,
+    _check_special_tokens,
+    _short,
+    _validate_for_render,
+    find_special_tokens,
 )
 
 __all__ = ["PAD_ROLE", "ROLES", "STOP_STRINGS", "History", "find_special_tokens"]
 
-ROLES = ("system", "user", "assistant", "tool")
-"""Roles a message may have."""
-
-PAD_ROLE = "<none>"
-"""Role of the padding messages of ragged batches; rendering skips them."""
-
 MESSAGE_KEYS = ("role", "content", "is_complete", "tool_calls")
-
-STOP_STRINGS = (
-    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<end_of_turn>", "<|end|>", "<|end_of_turn|>",
-    "<｜end▁of▁sentence｜>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|return|>", "<|call|>",
-)
-"""End-of-turn texts of common template families (the tokenizer's ``eos_token`` is added at run time)."""
 
 
 class History(TensorClass["nocast"]):
@@ -343,300 +329,6 @@ class History(TensorClass["nocast"]):
         return result if return_dict else result["input_ids"]
 
 
-# ---------------------------------------------------------------------- assistant spans
-def _assistant_spans(
-    renderer: _Renderer, messages: list[dict], *, add_generation_prompt: bool = False, where: str = "the conversation"
-) -> tuple[str, list[tuple[int, int]]]:
-    """Render ``messages`` and return the character span ``[start, end)`` of each assistant turn in that render.
-
-    With ``{% generation %}`` markers in the template the spans are transformers' (the marked blocks). Otherwise,
-    with ``F`` the full render and ``T(msgs, gp)`` a render of a message list (``gp`` = add_generation_prompt),
-    for assistant message ``i``:
-
-    * start: ``len(T(messages[:i], gp=True))`` when that render is a prefix of ``F``. When it is not (templates
-      that render a turn differently once it is followed by a reply, e.g. DeepSeek-V3 drops the ``<think>\\n``
-      opened by its generation prompt), the span starts after the longest prefix of the generation prompt
-      (``T(messages[:i], gp=True)`` minus ``T(messages[:i], gp=False)``) found in ``F`` between the previous
-      span's end and the start of message ``i``'s content: the part of the generation prompt the full render
-      agrees with is prompt, the rest of the turn is generated. When the template cannot render ``messages[:i]``
-      at all (Qwen3 on an empty list, for a conversation opening with an assistant message), the generation prompt
-      is taken from a one-user-message probe conversation instead.
-    * content end: message ``i`` is rendered with a private-use marker (one absent from the conversation, the
-      template and its variables) appended to its content; the text after the marker is the template's text after
-      the content, so the content ends ``len(that text)`` before the end of ``F`` (exact even when the template
-      trims or rewrites the content, e.g. Qwen3 dropping old reasoning).
-    * end: the end-of-turn text is the common prefix of the text after the content in ``F``, in
-      ``T(messages[:i+1])`` and in ``T(messages[:i+1] + [probe user message])`` (this drops a document-end token
-      such as Phi-3.5's final ``eos_token``). The span ends after the last stop string (:data:`STOP_STRINGS` or
-      the tokenizer's ``eos_token``) in that text, else after it with trailing whitespace removed. So the stop
-      token is in, a separator newline after it is out; a template without end-of-turn text (falcon-instruct)
-      gets the content only, and a model trained on it cannot learn to stop.
-
-    Args:
-        renderer: the template renderer (tokenizer, template, template kwargs).
-        messages: one conversation without padding.
-        add_generation_prompt: passed to the full render.
-        where: names the conversation in errors.
-
-    Returns:
-        ``(F, spans)``: the full render and one ``(start, end)`` per assistant message, in order.
-
-    Raises:
-        ChatTemplateError: the template raised, or a turn cannot be located in the full render.
-    """
-    if renderer.has_generation_markers:
-        return renderer.render_with_generation_indices(messages, add_generation_prompt)
-    full = renderer.render(messages, add_generation_prompt)
-    stops = tuple(dict.fromkeys((*STOP_STRINGS, *([renderer.eos] if renderer.eos else []))))
-    start_mark, end_mark, probe_user = _markers(renderer, messages)
-    spans: list[tuple[int, int]] = []
-    prev_end = 0
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        probe = dict(m, content=start_mark + m["content"] + end_mark)
-        full_probe = renderer.render([*messages[:i], probe, *messages[i + 1:]], add_generation_prompt)
-        mark = full_probe.find(end_mark, prev_end)
-        tail_full = full_probe[mark + 1:]
-        if mark < 0 or not full.endswith(tail_full):
-            raise ChatTemplateError(
-                f"Chat template {renderer.name!r}: cannot locate the content of assistant message {i} of {where} in "
-                f"the render (the template does not render the content verbatim). Use a template with "
-                f"{{% generation %}} markers for this model."
-            )
-        content_end = len(full) - len(tail_full)
-        content_start = full_probe.find(start_mark, prev_end, mark)
-        content_start = content_end if content_start < 0 else min(content_start, content_end)
-        start = _span_start(renderer, messages, i, full, prev_end, content_start, where, probe_user)
-        # End-of-turn text: what follows the content in every continuation of the turn.
-        last = renderer.render([*messages[:i], probe], False)
-        tails = [tail_full, last[last.rfind(end_mark) + 1:]]
-        try:
-            nxt = renderer.render([*messages[:i], probe, {"role": "user", "content": probe_user}], False)
-            tails.append(nxt[nxt.rfind(end_mark) + 1:])
-        except ChatTemplateError:
-            pass
-        eot = os.path.commonprefix(tails)
-        cut = max((eot.rfind(s) + len(s) for s in stops if s in eot), default=len(eot.rstrip()))
-        end = content_end + cut
-        if not prev_end <= start <= end:
-            raise ChatTemplateError(
-                f"Chat template {renderer.name!r}: assistant message {i} of {where} maps to characters "
-                f"[{start}, {end}), which overlap the previous assistant turn (ending at {prev_end})."
-            )
-        spans.append((start, end))
-        prev_end = end
-    return full, spans
-
-
-def _span_start(renderer: _Renderer, messages: list[dict], i: int, full: str, prev_end: int, content_start: int,
-                where: str, probe_user: str) -> int:
-    prompt = renderer.render(messages[:i], True, empty_ok=True)
-    if prompt is not None and full.startswith(prompt) and prev_end <= len(prompt) <= content_start:
-        return len(prompt)
-    # The template renders this turn differently once it is followed by a reply: find the generation prompt.
-    before = renderer.render(messages[:i], False, empty_ok=True)
-    if prompt is None or before is None:  # the template cannot render messages[:i] (e.g. Qwen3 on no message)
-        probe = [{"role": "user", "content": probe_user}]
-        prompt, before = renderer.render(probe, True, empty_ok=True), renderer.render(probe, False, empty_ok=True)
-    gen = "" if prompt is None or before is None else prompt[len(os.path.commonprefix([prompt, before])):]
-    for k in range(len(gen), 0, -1):
-        pos = full.rfind(gen[:k], prev_end, content_start)
-        if pos >= 0:
-            return pos + k
-    raise ChatTemplateError(
-        f"Chat template {renderer.name!r}: the generation prompt {gen!r} (render of messages[:{i}] with "
-        f"add_generation_prompt=True minus the one without) is not found before assistant message {i} of {where} in "
-        f"the full render, so its turn cannot be delimited. Use a template with {{% generation %}} markers."
-    )
-
-
-def _markers(renderer: _Renderer, messages: list[dict]) -> tuple[str, str, str]:
-    """Three private-use characters (never whitespace, never changed by Jinja filters) that occur nowhere in the
-    conversation, the template or its variables: ``(start mark, end mark, probe user content)``."""
-    used: set[str] = set()
-    stack: list[Any] = [renderer.template, messages, renderer.tools, renderer.documents, renderer.variables]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, str):
-            used.update(x)
-        elif isinstance(x, Mapping):
-            stack.extend(x.keys())
-            stack.extend(x.values())
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-    free = (c for c in map(chr, range(0xE000, 0xF900)) if c not in used)
-    return next(free), next(free), next(free)
-
-
-# ---------------------------------------------------------------------- rendering helpers
-class _Renderer:
-    """Renders message lists with one template exactly as transformers' ``apply_chat_template`` does."""
-
-    def __init__(self, tokenizer: Any, template: str, name: str, template_kwargs: dict[str, Any]):
-        import re
-
-        self.name = name
-        self.template = template
-        kwargs = dict(template_kwargs)
-        self.tools = kwargs.pop("tools", None)
-        self.documents = kwargs.pop("documents", None)
-        self.variables = {**tokenizer.special_tokens_map, **kwargs}
-        self.eos = getattr(tokenizer, "eos_token", None)
-        self.has_generation_markers = re.search(r"\{%-?\s*generation\s*-?%\}", template) is not None
-
-    def _call(self, messages: list[dict], add_generation_prompt: bool, with_indices: bool):
-        from jinja2.exceptions import TemplateError
-        from transformers.utils.chat_template_utils import render_jinja_template
-
-        try:
-            texts, indices = render_jinja_template(
-                conversations=[messages], tools=self.tools, documents=self.documents, chat_template=self.template,
-                return_assistant_tokens_mask=with_indices, add_generation_prompt=add_generation_prompt,
-                **self.variables,
-            )
-        except TemplateError as e:
-            raise ChatTemplateError(f"Chat template {self.name!r} raised: {e}") from e
-        return texts[0], (indices[0] if with_indices else None)
-
-    def render(self, messages: list[dict], add_generation_prompt: bool, *, empty_ok: bool = False) -> str | None:
-        """Render; with ``empty_ok``, a template failing on an (empty) prefix gives ``None``."""
-        try:
-            return self._call(messages, add_generation_prompt, False)[0]
-        except (ChatTemplateError, TypeError, IndexError, KeyError):
-            if empty_ok:
-                return None
-            raise
-
-    def render_with_generation_indices(self, messages: list[dict], add_generation_prompt: bool):
-        text, indices = self._call(messages, add_generation_prompt, True)
-        return text, [tuple(ix) for ix in indices]
-
-
-def _resolve_template(tokenizer: Any, chat_template: str | os.PathLike | None, tools: Any) -> tuple[str, str]:
-    """Return ``(template_text, name)``; ``name`` is used in error messages."""
-    if chat_template is None:
-        return tokenizer.get_chat_template(None, tools), "tokenizer default"
-    if isinstance(chat_template, os.PathLike) or (
-        isinstance(chat_template, str) and "{" not in chat_template and chat_template.endswith(".jinja")
-    ):
-        path = Path(chat_template)
-        if not path.is_file():
-            raise ChatTemplateError(
-                f"chat_template={str(chat_template)!r} looks like a .jinja path but no such file exists. Pass an "
-                f"existing .jinja file or the Jinja template text itself."
-            )
-        return path.read_text(encoding="utf-8"), path.name
-    if not isinstance(chat_template, str):
-        raise ChatTemplateError(f"chat_template must be a str or a path, got {type(chat_template).__name__}.")
-    named = getattr(tokenizer, "chat_template", None)
-    named = named if isinstance(named, dict) else {}
-    if chat_template in named:
-        return named[chat_template], chat_template
-    if "{" not in chat_template:  # no Jinja tag or expression: a name or a path, never a template
-        if Path(chat_template).is_file():
-            return Path(chat_template).read_text(encoding="utf-8"), Path(chat_template).name
-        raise ChatTemplateError(
-            f"chat_template={chat_template!r} is not a Jinja template (it has no '{{'), not an existing file and not "
-            f"one of the tokenizer's named templates ({sorted(named) or 'none'}). Pass the template text, the path of "
-            f"a .jinja file, or None for the tokenizer's own template."
-        )
-    return chat_template, "<inline template>"
-
-
-def find_special_tokens(tokenizer: Any, text: str) -> list[str]:
-    """Special-token strings of ``tokenizer`` (its special tokens and special added tokens) occurring in ``text``.
-
-    Returns:
-        The tokens found, longest first (no duplicates).
-    """
-    found = set(getattr(tokenizer, "all_special_tokens", []) or [])
-    for tok in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values():
-        if getattr(tok, "special", False):
-            found.add(str(getattr(tok, "content", tok)))
-    return [t for t in sorted(found, key=lambda t: (-len(t), t)) if t and t in text]
-
-
-def _check_special_tokens(tokenizer: Any, messages: list[dict], where: str) -> None:
-    for j, m in enumerate(messages):
-        hits = find_special_tokens(tokenizer, m["content"])
-        if hits:
-            raise SpecialTokenInContentError(
-                f"History.apply_chat_template: message {j} ({m['role']}) of {where} contains the special-token "
-                f"string {hits[0]!r} in its content; it would be tokenised as a control token (DESIGN.md property "
-                f"8). Remove or escape it, or pass allow_special_tokens=True to tokenise it as the control token "
-                f"on purpose."
-            )
-
-
-def _validate_for_render(messages: list[dict], where: str) -> None:
-    if not messages:
-        raise InvalidConversationError(
-            f"History.apply_chat_template: {where} is empty (only '<none>' padding). Every conversation needs at "
-            f"least one message."
-        )
-    for j, m in enumerate(messages):
-        _check_role(m.get("role"), f"History.apply_chat_template: {where}, message {j}", allow_pad=False)
-        _check_content(m.get("content"), f"History.apply_chat_template: {where}, message {j}")
-
-
-def _check_role(role: Any, where: str, *, allow_pad: bool) -> None:
-    if role in ROLES or (allow_pad and role == PAD_ROLE):
-        return
-    raise InvalidConversationError(
-        f"{where}: unknown role {role!r} (key 'role'). Allowed roles: {list(ROLES)}"
-        + (f" (and {PAD_ROLE!r} for padding)." if allow_pad else ".")
-    )
-
-
-def _check_content(content: Any, where: str) -> None:
-    if not isinstance(content, str):
-        raise InvalidConversationError(
-            f"{where}: 'content' must be a str, got {type(content).__name__} ({_short(content)}). Convert it to "
-            f"text; use '' for a tool-call-only message."
-        )
-
-
-# ---------------------------------------------------------------------- tokenisation helpers
-def _tokenize(tokenizer: Any, text: str, spans: list[tuple[int, int]] | None, name: str) -> dict[str, torch.Tensor]:
-    if spans is None:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids_t = torch.tensor(ids, dtype=torch.long)
-        return {"input_ids": ids_t, "attention_mask": torch.ones_like(ids_t)}
-    if not getattr(tokenizer, "is_fast", False):
-        raise ChatTemplateError(
-            f"Assistant masks need a fast tokenizer (offset mappings); {type(tokenizer).__name__} is not. Load it "
-            f"with AutoTokenizer.from_pretrained(..., use_fast=True)."
-        )
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids_t = torch.tensor(enc["input_ids"], dtype=torch.long)
-    mask = torch.zeros(len(ids_t), dtype=torch.bool)
-    for t, (a, b) in enumerate(enc["offset_mapping"]):
-        # A token is in when its characters [a, b) overlap a span [s, e); zero-width tokens are never in.
-        mask[t] = any(a < e and b > s for s, e in spans)
-    return {"input_ids": ids_t, "attention_mask": torch.ones_like(ids_t), "assistant_masks": mask}
-
-
-def _pad(outs: list[dict[str, torch.Tensor]], tokenizer: Any, padding_side: str | None) -> dict[str, torch.Tensor]:
-    side = padding_side or getattr(tokenizer, "padding_side", "right")
-    if side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {side!r}.")
-    pad_id = tokenizer.pad_token_id
-    if pad_id is None:
-        raise ValueError("padding=True needs tokenizer.pad_token_id; set tokenizer.pad_token (e.g. to eos_token).")
-    length = max(len(o["input_ids"]) for o in outs)
-    result = {}
-    for key in outs[0]:
-        value = pad_id if key == "input_ids" else 0
-        rows = []
-        for o in outs:
-            x = o[key]
-            fill = torch.full((length - len(x),), value, dtype=x.dtype)
-            rows.append(torch.cat([fill, x] if side == "left" else [x, fill]))
-        result[key] = torch.stack(rows)
-    return result
-
-
 # ---------------------------------------------------------------------- small helpers
 def _clean_conversation(rows: list[dict]) -> list[dict]:
     out = []
@@ -664,8 +356,3 @@ def _nonempty(messages: list[dict], index: int) -> list[dict]:
     if not messages:
         raise InvalidConversationError(f"History.from_text: text {index} parsed into no message.")
     return messages
-
-
-def _short(x: Any, n: int = 60) -> str:
-    r = repr(x)
-    return r if len(r) <= n else r[: n - 3] + "..."

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import csv
-import os
-from pathlib import Path
-from typing import Any
-
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
+
+from lit_llm.lightning.tables import append_csv, log_table
 
 __all__ = ["StepCheckpoint", "ValidationSamples"]
 
@@ -61,23 +58,7 @@ class ValidationSamples(Callback):
                  s.reference] for s, o in zip(chosen, outputs)]
         for step, sid, _, completion, reference in rows:
             rank_zero_info(f"[step {step}] {sid}\n  generated: {completion!r}\n  reference: {reference!r}")
-        self._write_csv(trainer, rows)
-        for logger in trainer.loggers:
-            if type(logger).__name__ == "WandbLogger":
-                logger.log_text(key="val/samples", columns=self.columns, data=rows, step=trainer.global_step)
+        append_csv(trainer, "samples.csv", self.columns, rows)
+        log_table(trainer, "val/samples", self.columns, rows)
 
     columns = ["step", "sample_id", "prompt", "completion", "reference"]
-
-    def _write_csv(self, trainer: Trainer, rows: list[list[Any]]) -> None:
-        log_dir = trainer.loggers[0].log_dir if trainer.loggers and trainer.loggers[0].log_dir else \
-            trainer.default_root_dir
-        path = Path(log_dir) / "samples.csv"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        new = not path.exists()
-        with open(path, "a", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            if new:
-                w.writerow(self.columns)
-            w.writerows(rows)
-            f.flush()
-            os.fsync(f.fileno())

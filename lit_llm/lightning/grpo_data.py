@@ -1,7 +1,7 @@
 """Prompt datamodules of GRPO: the synthetic arithmetic task (no download) and GSM8K prompts from a JSONL file.
 
 A GRPO training batch is the set of **prompts of one optimizer step** (per rank): the module expands each prompt to
-``num_generations`` completions (:class:`lit_llm.policy.rollout.RolloutEngine`) and cuts the rollouts into
+``num_generations`` completions (:class:`lit_llm.rollouts.RolloutEngine`) and cuts the rollouts into
 micro-batches itself. A prompt batch is a dict (TRL's prompt-dataset columns)::
 
     {"prompt": [P message lists], "prompt_ids": [P 1-D long tensors], "sample_id": [P str], "answer": [P str]}
@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from lit_llm.data.arithmetic import DEFAULT_TEMPLATE, arithmetic_prompts, arithmetic_split
 from lit_llm.data.datasets import DataFormatError, read_jsonl
-from lit_llm.policy.rollout import tokenize_prompts
+from lit_llm.data.prompts import tokenize_prompts
 
 __all__ = ["GRPODataModule", "PromptBatchLoader", "collate_prompts", "gsm8k_prompts"]
 

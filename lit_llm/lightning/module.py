@@ -10,8 +10,11 @@ of the whole step (DESIGN.md property 6). Consequences: set the accumulation wit
 ``model.grad_clip`` (``trainer.accumulate_grad_batches`` and ``trainer.gradient_clip_val`` must stay at their
 defaults; the module says so if not). Supported precisions: ``32-true`` and ``bf16-mixed`` (CPU or GPU).
 
-The loss maths (masks, reductions, KL) are :mod:`lit_llm.objectives.sft`'s; token log-probs and entropies come from
-the chunked kernel :func:`lit_llm.policy.logprobs.model_token_log_probs` (no ``[B, T, V]`` logits).
+The policy's two versions live in a :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` callback (``versions``,
+added by ``configure_callbacks``): the loss heads take their log-probs, entropies and token accuracy from the
+**log-prob version**'s masked distributions (``get_sft_dist`` / ``get_rlhf_dist`` / ``get_generic_dist``: one backbone
+pass, the chunked LM-head kernel on the masked positions only, no ``[B, T, V]`` logits); greedy answers come from the
+**generate version**. The loss maths (reductions, step counts, KL) are :mod:`lit_llm.objectives.sft`'s.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from tensordict import TensorDict
 from torch import Tensor
 from torchmetrics import SumMetric
 
-from lit_llm.lightning.metrics import argmax_hits, capture_last_hidden
+from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL
-from lit_llm.objectives.sft import NonFiniteLossError, check_finite, loss_mask, sft_loss
-from lit_llm.policy.logprobs import model_token_log_probs
+from lit_llm.objectives.sft import NonFiniteLossError, check_finite, sft_loss, sft_step_count
+from lit_llm.policy.transformers_wrapper import TransformersWrapper
 
 __all__ = ["PolicyModule", "SFTModule", "load_policy_model"]
 
@@ -53,7 +57,8 @@ def load_policy_model(name: str) -> tuple[Any, Any]:
 
 class PolicyModule(LightningModule):
     """Shared plumbing of the training modules: the causal LM, optimizer/scheduler, one manual optimizer step with
-    step-level normalisation, gradient clipping, non-finite guard and throughput metrics. Subclasses implement
+    step-level normalisation, gradient clipping, non-finite guard and throughput metrics. Subclasses set
+    :attr:`versions` (the :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` over their policy) and implement
     :meth:`step_denominator` and :meth:`micro_batch_loss`.
 
     Args:
@@ -107,7 +112,22 @@ class PolicyModule(LightningModule):
             raise ValueError(f"trainer.gradient_clip_val={t.gradient_clip_val} is not used with manual optimisation; "
                              f"set model.grad_clip instead.")
 
+    versions: PolicyVersionSwitch
+
+    def configure_callbacks(self) -> list[Any]:
+        """The :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` that owns the policy's versions (added here so
+        that ``--trainer.callbacks`` cannot drop it)."""
+        return [self.versions]
+
     # ---------------------------------------------------------------------------------------------- subclass API
+    def micro_batch_ids(self, mb: Any) -> list[str]:
+        """Sample ids of a micro-batch (named when its loss is not finite)."""
+        return list(mb["sample_ids"])
+
+    def micro_batch_real_tokens(self, mb: Any) -> Tensor | None:
+        """Non-padding tokens that went through the model for this micro-batch (``None``: unknown)."""
+        return mb["attention_mask"].sum().float() if "attention_mask" in mb else None
+
     def step_denominator(self, micro_batches: list[dict[str, Any]]) -> Tensor:
         """This rank's count (tokens or sequences) of the whole step; summed over ranks by :meth:`training_step`."""
         raise NotImplementedError
@@ -117,6 +137,11 @@ class PolicyModule(LightningModule):
         raise NotImplementedError
 
     # -------------------------------------------------------------------------------------------------- training
+    @property
+    def world_size(self) -> int:
+        """Number of ranks (1 when not attached to a Trainer)."""
+        return self._trainer.world_size if self._trainer is not None else 1
+
     def _all_sum(self, x: Tensor) -> Tensor:
         return self.trainer.strategy.reduce(x, reduce_op="sum") if self.trainer.world_size > 1 else x
 
@@ -135,14 +160,15 @@ class PolicyModule(LightningModule):
             with nullcontext() if sync or block is None else block():
                 loss, stats = self.micro_batch_loss(mb, normalizer)
                 if not math.isfinite(float(loss.detach())):
-                    bad.append((loss.detach(), list(mb["sample_ids"])))
+                    bad.append((loss.detach(), self.micro_batch_ids(mb)))
                     if world == 1 and self.on_nonfinite == "raise":
-                        check_finite(loss.detach(), step=step, sample_ids=mb["sample_ids"])  # raises before backward
+                        check_finite(loss.detach(), step=step, sample_ids=bad[-1][1])  # raises before backward
                 self.manual_backward(loss * world)
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0) + v
-        if all("attention_mask" in mb for mb in mbs):  # every non-padding token that went through the model
-            totals["real_tokens"] = sum(mb["attention_mask"].sum() for mb in mbs).float()
+        real = [self.micro_batch_real_tokens(mb) for mb in mbs]
+        if all(r is not None for r in real):  # every non-padding token that went through the model
+            totals["real_tokens"] = sum(real).float()
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or float("inf"))
         # Every rank takes the same decision (a rank that raised alone would leave the others waiting).
@@ -152,7 +178,7 @@ class PolicyModule(LightningModule):
             if self.on_nonfinite == "raise":
                 if bad:
                     check_finite(bad[0][0], step=step, sample_ids=bad[0][1])
-                ids = [s for mb in mbs for s in mb["sample_ids"]]
+                ids = [s for mb in mbs for s in self.micro_batch_ids(mb)]
                 where = "on another rank" if flags[0].item() > 0 else f"(gradient norm {float(grad_norm)})"
                 raise NonFiniteLossError(
                     f"Non-finite loss or gradient {where} at step {step}; this rank's sample ids: {ids[:32]}. The "
@@ -205,44 +231,31 @@ class PolicyModule(LightningModule):
 
     # ------------------------------------------------------------------------------------------------ policy API
     def policy(self, *, generate: bool = False, **kwargs: Any) -> Any:
-        """The model as a TorchRL-style :class:`~lit_llm.policy.transformers_wrapper.TransformersWrapper` sharing
-        these weights (built on demand, not a submodule: checkpoints hold the weights once).
-
-        Args:
-            generate: the generate version (``True``) or the log-prob version (``False``, with ``get_dist``).
-            **kwargs: more ``TransformersWrapper`` arguments (``input_mode`` defaults to ``"tokens"``).
+        """The trained policy as a TorchRL-style :class:`~lit_llm.policy.transformers_wrapper.TransformersWrapper`:
+        the callback's log-prob version (``generate=False``, with ``get_dist`` and the masked-distribution heads) or
+        generate version -- the objects training runs -- or, with ``kwargs``, ``get_new_version(**kwargs)`` of it
+        (same weights, never copied).
         """
-        from lit_llm.policy.transformers_wrapper import TransformersWrapper
-
-        kwargs.setdefault("input_mode", "tokens")
-        return TransformersWrapper(self.model, tokenizer=self.tokenizer, generate=generate, **kwargs)
+        base = self.versions.generate_version if generate else self.versions.log_prob_version
+        return base.get_new_version(**kwargs) if kwargs else base
 
     # ------------------------------------------------------------------------------------------------ generation
-    @torch.no_grad()
     def generate(self, prompts: list[Tensor], *, max_new_tokens: int = 64) -> list[Tensor]:
-        """Greedy completions of ``prompts`` (``B`` 1-D long id tensors, no padding), stopping at every EOS id.
+        """Greedy completions of ``prompts`` (``B`` 1-D long id tensors, no padding), stopping at every EOS id, from
+        the greedy version of the policy's generate version (:meth:`PolicyVersionSwitch.greedy`).
 
         Returns:
-            ``B`` 1-D long tensors: the generated ids, ending with the stop token unless truncated.
+            ``B`` 1-D long tensors on the CPU: the generated ids, ending with the stop token unless truncated.
         """
-        from lit_llm.policy.generation import generate_tokens, resolve_generation_config
-
-        config = resolve_generation_config({"max_new_tokens": max_new_tokens, "do_sample": False}, self.model,
-                                           self.tokenizer)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            out = generate_tokens(self.model, [p.to(self.device) for p in prompts], config)
-        finally:
-            self.model.train(was_training)
-        return [r.cpu() for r in out.response_ids]
+        return self.versions.greedy(prompts, max_new_tokens)
 
 
 class SFTModule(PolicyModule):
     """Supervised fine-tuning with a choice of loss head and an optional KL term to a frozen reference copy.
 
-    Heads (:func:`lit_llm.objectives.sft.loss_mask`): ``"sft"`` trains on the completion (prompt-masked),
-    ``"rlhf"`` on every assistant turn (assistant-masked), ``"generic"`` on every real token (attention-masked).
+    Heads (the log-prob version's masked distributions): ``"sft"`` trains on the completion (prompt-masked,
+    ``get_sft_dist``), ``"rlhf"`` on every assistant turn (assistant-masked, ``get_rlhf_dist``), ``"generic"`` on every
+    real token (attention-masked, ``get_generic_dist``).
 
     Args:
         model: see :class:`PolicyModule`.
@@ -251,7 +264,8 @@ class SFTModule(PolicyModule):
             all ranks); ``"sequence"`` = each sequence's token mean, averaged over the step's sequences.
         kl_coef: weight of the k3 KL-to-reference term (``> 0`` keeps a frozen copy of the initial model, not
             saved in checkpoints).
-        token_accuracy: compute the mean token accuracy (one extra LM-head matmul over the trained tokens).
+        token_accuracy: log the mean token accuracy (argmax hits from the log-prob kernel's chunks: no extra
+            LM-head pass).
         **kwargs: the :class:`PolicyModule` options (optimizer, lr_scheduler, grad_clip, on_nonfinite,
             gradient_checkpointing, chunk_size).
     """
@@ -273,10 +287,12 @@ class SFTModule(PolicyModule):
             raise ValueError(f"SFTModule: kl_coef must be >= 0, got {kl_coef}.")
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.loss, self.normalization, self.kl_coef, self.token_accuracy = loss, normalization, kl_coef, token_accuracy
-        self._reference: tuple[Any, ...] = ()
-        if kl_coef > 0:  # kept in a tuple: not a submodule, so not trained, not checkpointed, not exported
-            ref = copy.deepcopy(self.model).eval().requires_grad_(False)
-            self._reference = (ref,)
+        # The generate version answers greedily (ValidationSamples); its log-prob version scores at temperature 1.
+        policy = TransformersWrapper(self.model, tokenizer=self.tokenizer, input_mode="tokens",
+                                     generate_kwargs={"max_new_tokens": 64, "do_sample": False}, chunk_size=chunk_size)
+        # a reference copy (kl_coef > 0) lives in the callback: not trained, not checkpointed, not exported
+        self.versions = PolicyVersionSwitch(
+            policy, reference_model=copy.deepcopy(self.model).eval().requires_grad_(False) if kl_coef > 0 else None)
         self.val_sums = torch.nn.ModuleDict({k: SumMetric() for k in ("nll_sum", "num_tokens", "hits", "entropy_sum")})
 
     @property
@@ -284,50 +300,55 @@ class SFTModule(PolicyModule):
         """The :func:`~lit_llm.objectives.sft.sft_loss` reduction of :attr:`normalization`."""
         return "token_mean" if self.normalization == "token" else "sequence_mean"
 
+    @staticmethod
+    def policy_inputs(mb: dict[str, Any]) -> TensorDict:
+        """The log-prob version's input for a collated micro-batch (same tensors, no copy, no re-padding):
+        ``tokens.full`` ``[B, T]`` long, ``masks.all_attention_mask`` and ``masks.all_assistant_mask`` ``[B, T]``
+        bool (right-padded, as :func:`~lit_llm.data.datasets.collate` writes them)."""
+        ids = mb["input_ids"]
+        return TensorDict({("tokens", "full"): ids, ("masks", "all_attention_mask"): mb["attention_mask"].bool(),
+                           ("masks", "all_assistant_mask"): mb["assistant_mask"]}, batch_size=ids.shape[:1])
+
     def mask(self, mb: dict[str, Any]) -> Tensor:
-        """``[B, T]`` bool loss mask of a micro-batch for the configured head."""
-        return loss_mask(self.loss, attention_mask=mb["attention_mask"], assistant_mask=mb["assistant_mask"],
-                         response_mask=mb["response_mask"])
+        """``[B, T]`` bool loss mask of a micro-batch for the configured head: the mask of the log-prob version's
+        ``get_<head>_dist`` (:meth:`~lit_llm.policy.LLMWrapperBase.head_mask`), without a forward pass."""
+        return self.versions.log_prob_version.head_mask(self.policy_inputs(mb), self.loss)
 
     def step_denominator(self, micro_batches: list[dict[str, Any]]) -> Tensor:
         """Trained tokens (``normalization="token"``) or sequences with >= 1 trained token, over the micro-batches."""
-        masks = [self.mask(mb) for mb in micro_batches]
-        if self.normalization == "token":
-            return sum(m.sum() for m in masks)
-        return sum((m.sum(-1) > 0).sum() for m in masks)
+        return sum(sft_step_count(self.mask(mb), self.reduction) for mb in micro_batches)
 
-    def forward_stats(self, mb: dict[str, Any], mask: Tensor, *, normalizer: Tensor | None,
+    def forward_stats(self, mb: dict[str, Any], *, normalizer: Tensor | None,
                       reduction: str) -> tuple[Tensor, dict[str, Tensor]]:
-        """Run the policy on one micro-batch: ``(loss, stats)`` with detached sums (``loss``, ``nll_sum``,
-        ``num_tokens``, ``entropy_sum``, ``hits`` and ``kl`` with a reference)."""
-        ids, attn = mb["input_ids"], mb["attention_mask"]
-        with capture_last_hidden(self.model) as cap:
-            log_probs, entropy = model_token_log_probs(self.model, ids, attn, chunk_size=self.chunk_size,
-                                                       return_entropy=True)
+        """Score one micro-batch with the log-prob version's masked distribution of the configured head (one backbone
+        pass; log-probs, entropies and argmax hits from one pass of the chunked kernel over the masked positions):
+        ``(loss, stats)`` with detached sums (``loss``, ``nll_sum``, ``num_tokens``, ``entropy_sum``, ``hits`` and
+        ``kl`` with a reference)."""
+        inputs = self.policy_inputs(mb)
+        dist = getattr(self.versions.log_prob_version, f"get_{self.loss}_dist")(inputs)
+        log_probs, entropy, hits = dist.log_prob_and_entropy(dist.tokens, return_hits=True)
+        mask = dist.mask
         ref = None
-        if self._reference:
-            reference = self._reference[0].to(self.device)
+        if self.versions.reference_version is not None:
             with torch.no_grad():
-                ref = model_token_log_probs(reference, ids, attn, chunk_size=self.chunk_size)
+                ref = self.versions.reference_version.get_dist(inputs, mask=mask).log_prob(dist.tokens)
         loss, metrics = sft_loss(log_probs, mask, normalizer=normalizer, reduction=reduction, ref_log_probs=ref,
                                  kl_coef=self.kl_coef)
         stats = {"loss": metrics["loss"], "nll_sum": metrics["nll_sum"], "num_tokens": metrics["num_tokens"],
-                 "entropy_sum": (entropy.detach() * mask).sum().float()}
+                 "entropy_sum": (entropy.detach() * mask).sum().float(),
+                 "hits": (hits & mask).sum().float() if self.token_accuracy else torch.zeros((), device=mask.device)}
         if "kl" in metrics:
             stats["kl"] = metrics["kl"]
-        hits = argmax_hits(cap.hidden, self.model, ids, mask, chunk_size=self.chunk_size) if self.token_accuracy \
-            else torch.zeros((), device=ids.device)
-        stats["hits"] = hits.float()
         return loss, stats
 
     def micro_batch_loss(self, mb: dict[str, Any], normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """``sft_loss`` of one micro-batch normalised by the step-level ``normalizer``."""
-        return self.forward_stats(mb, self.mask(mb), normalizer=normalizer, reduction=self.reduction)
+        return self.forward_stats(mb, normalizer=normalizer, reduction=self.reduction)
 
     # ------------------------------------------------------------------------------------------------ validation
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Accumulate the NLL sum, token count, argmax hits and entropy sum of the validation set."""
-        _, stats = self.forward_stats(batch, self.mask(batch), normalizer=None, reduction="token_mean")
+        _, stats = self.forward_stats(batch, normalizer=None, reduction="token_mean")
         for k, metric in self.val_sums.items():
             metric.update(stats[k])
 

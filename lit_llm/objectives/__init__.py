@@ -3,11 +3,12 @@
 Pure tensor code, no Lightning: inputs are ``[B, T]`` tensors aligned to ``tokens.full``.
 """
 
-from lit_llm.objectives.grpo import compute_advantages, effective_completion_mask, grpo_loss
+from lit_llm.objectives.grpo import GRPOObjective, compute_advantages, effective_completion_mask, grpo_loss
 from lit_llm.objectives.reduction import k3_kl
-from lit_llm.objectives.sft import NonFiniteLossError, check_finite, loss_mask, sft_loss
+from lit_llm.objectives.sft import NonFiniteLossError, check_finite, loss_mask, sft_loss, sft_step_count
 
 __all__ = [
+    "GRPOObjective",
     "NonFiniteLossError",
     "check_finite",
     "compute_advantages",
@@ -16,4 +17,5 @@ __all__ = [
     "k3_kl",
     "loss_mask",
     "sft_loss",
+    "sft_step_count",
 ]

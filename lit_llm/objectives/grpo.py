@@ -10,6 +10,7 @@ response tokens. See :mod:`lit_llm.objectives.reduction` for the step-normalisat
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from lit_llm.objectives.reduction import as_bool_mask, check_per_token, k3_kl, resolve_normalizer
 
-__all__ = ["compute_advantages", "effective_completion_mask", "grpo_loss"]
+__all__ = ["GRPOObjective", "compute_advantages", "effective_completion_mask", "grpo_loss"]
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
 ScaleRewards = Literal["group", "batch", "none"]
@@ -274,3 +275,85 @@ def grpo_loss(
         check_per_token(entropy, name="entropy", shape=log_probs.shape)
         metrics["entropy"] = _masked_mean(entropy, mask, count)
     return loss, metrics
+
+
+@dataclass(frozen=True)
+class GRPOObjective:
+    """The GRPO loss of one optimizer step, micro-batch by micro-batch: TRL's flat knobs bound together, with the
+    per-``loss_type`` step count and the ``bnpo`` rescale (internal interface of :class:`~lit_llm.lightning.grpo.
+    GRPOModule`; the YAML surface stays the module's flat knobs).
+
+    Usage for one optimizer step over micro-batches ``mb_1..mb_k`` on ``W`` ranks::
+
+        count = sum(objective.local_count(mb.loss_mask, mb.truncated) for mb in mbs)   # then all-reduce (sum)
+        for mb in mbs:
+            loss, metrics = objective(log_probs, mb.old_log_probs, mb.advantage, mb.loss_mask, step_count=count,
+                                      num_micro_batches=k, world_size=W, truncated=mb.truncated)
+
+    Step counts (the denominator each ``loss_type`` states in :func:`grpo_loss`): ``dapo`` and ``bnpo`` count loss
+    tokens after truncation masking, ``grpo`` and ``dr_grpo`` count sequences (rows). ``bnpo`` is a local mean by
+    definition: its micro-batch loss is divided by ``num_micro_batches * world_size`` so that the step loss is the
+    mean of the micro-batch means over micro-batches and ranks (the caller multiplies by ``world_size`` to undo DDP's
+    gradient averaging, as for every loss type).
+
+    Attributes:
+        loss_type: ``"dapo"``, ``"grpo"``, ``"dr_grpo"`` or ``"bnpo"`` (see :func:`grpo_loss`).
+        epsilon: lower clip ``1 - epsilon`` (and the upper one when ``epsilon_high`` is ``None``).
+        epsilon_high: upper clip ``1 + epsilon_high`` (DAPO clip-higher).
+        beta: k3 KL coefficient (> 0 needs reference log-probs).
+        mask_truncated_completions: drop truncated completions from the loss and every count (DAPO).
+        max_completion_length: ``max_new_tokens`` of generation (``dr_grpo``'s constant denominator).
+    """
+
+    loss_type: LossType = "dapo"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    beta: float = 0.0
+    mask_truncated_completions: bool = False
+    max_completion_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo"):
+            raise ValueError(f"Unknown loss_type {self.loss_type!r}; choose 'grpo', 'bnpo', 'dr_grpo' or 'dapo'.")
+
+    def local_count(self, loss_mask: Tensor, truncated: Tensor | None = None) -> Tensor:
+        """This micro-batch's share of the step denominator: loss tokens after truncation masking (``dapo``,
+        ``bnpo``) or rows (``grpo``, ``dr_grpo``), a 0-d tensor on ``loss_mask``'s device.
+
+        Args:
+            loss_mask: ``[B, T]`` bool, the completion tokens that enter the loss.
+            truncated: ``[B]`` bool (needed with ``mask_truncated_completions``).
+        """
+        if self.loss_type in ("grpo", "dr_grpo"):
+            return torch.tensor(loss_mask.shape[0], device=loss_mask.device)
+        return effective_completion_mask(loss_mask, truncated, self.mask_truncated_completions).sum()
+
+    def __call__(self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
+                 step_count: Tensor | float | int, num_micro_batches: int = 1, world_size: int = 1,
+                 ref_log_probs: Tensor | None = None, entropy: Tensor | None = None,
+                 truncated: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """:func:`grpo_loss` of one micro-batch with the step-level ``step_count`` (sum of :meth:`local_count` over
+        the step's micro-batches and ranks) passed as the right denominator for :attr:`loss_type`.
+
+        Args:
+            log_probs, old_log_probs, advantages, ref_log_probs, entropy, truncated: see :func:`grpo_loss`
+                (``[B, T]`` / ``[B]``).
+            loss_mask: ``[B, T]`` bool completion tokens of the loss (``completion_mask`` of :func:`grpo_loss`).
+            step_count: the step's count (tokens or sequences, see the class docstring).
+            num_micro_batches: micro-batches of the step on this rank (``bnpo`` only).
+            world_size: ranks (``bnpo`` only).
+
+        Returns:
+            ``(loss, metrics)`` as :func:`grpo_loss`; ``metrics["loss"]`` is the rescaled loss for ``bnpo``.
+        """
+        counts = {"dapo": {"num_items_in_batch": step_count}, "grpo": {"num_sequences_in_batch": step_count},
+                  "dr_grpo": {"num_sequences_in_batch": step_count}, "bnpo": {}}[self.loss_type]
+        loss, metrics = grpo_loss(
+            log_probs, old_log_probs, advantages, loss_mask, loss_type=self.loss_type, epsilon=self.epsilon,
+            epsilon_high=self.epsilon_high, beta=self.beta, ref_log_probs=ref_log_probs, entropy=entropy,
+            truncated=truncated, mask_truncated_completions=self.mask_truncated_completions,
+            max_completion_length=self.max_completion_length, **counts)
+        if self.loss_type == "bnpo":  # a local mean: average it over the step's micro-batches and ranks
+            loss = loss / (num_micro_batches * world_size)
+            metrics["loss"] = loss.detach().float()
+        return loss, metrics

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lit_llm.objectives.reduction import as_bool_mask, check_per_token, k3_kl, resolve_normalizer
 
-__all__ = ["NonFiniteLossError", "check_finite", "loss_mask", "sft_loss"]
+__all__ = ["NonFiniteLossError", "check_finite", "loss_mask", "sft_loss", "sft_step_count"]
 
 Head = Literal["sft", "rlhf", "generic"]
 Reduction = Literal["token_mean", "sequence_mean", "sum"]
@@ -172,6 +172,28 @@ def sft_loss(
         normalizer=denom.float(),
     )
     return loss, metrics
+
+
+def sft_step_count(mask: Tensor, reduction: Reduction = "token_mean") -> Tensor:
+    """This micro-batch's share of the step denominator of :func:`sft_loss`.
+
+    Args:
+        mask: ``[B, T]`` bool loss mask (see :func:`loss_mask`).
+        reduction: ``"token_mean"`` counts the masked tokens; ``"sequence_mean"`` the rows with at least one.
+
+    Returns:
+        0-d long tensor; sum it over the micro-batches and ranks of the step and pass it as ``normalizer``.
+
+    Raises:
+        ValueError: ``reduction`` is ``"sum"`` (no denominator) or unknown.
+    """
+    mask = as_bool_mask(mask, name="mask")
+    if reduction == "token_mean":
+        return mask.sum()
+    if reduction == "sequence_mean":
+        return (mask.sum(-1) > 0).sum()
+    raise ValueError(f"sft_step_count: reduction {reduction!r} has no step denominator; use 'token_mean' or "
+                     f"'sequence_mean'.")
 
 
 def check_finite(loss: Tensor | float, *, step: int, sample_ids: Sequence[int | str] | Tensor | None = None) -> None:

@@ -17,7 +17,22 @@ Scheduling rules (rows = batch elements, counted before ``num_samples``):
   fresh closure per call) with equal keyword arguments and have the same structure (batch shape, keys, tensor
   dtypes, ndims and devices; lengths may differ). Incompatible rows never share a batch:
   each kind runs in its own batches, so one caller's odd input cannot fail another caller;
-* the function runs on the worker thread only, never on two threads at once.
+* the function runs on the worker thread only, never on two threads at once;
+* inside a batch, rows are ordered by ``(batch_order, arrival, row index)``: a caller may pass an integer
+  ``batch_order`` (``forward(td, batch_order=k)``), which is not a keyword argument of the function (rows with
+  different orders share batches); requests without one come after the ordered ones, in arrival order. Nobody passing
+  an order gives plain FIFO. With ``max_batch_size``, the first rows in this order are the ones taken.
+
+Deterministic batches (synchronous GRPO with several rollout workers): give the wrapper
+``min_batch_size = `` the total rows of the step (every worker's rows, before ``num_samples``), no
+``max_batch_size`` (or one at least that large) and a ``batching_timeout`` longer than the slowest worker takes to
+submit, and let worker ``k`` call ``policy(td_k, batch_order=k)`` with distinct ``k``. The batch then only starts
+once every row is queued and holds exactly the rows of one unbatched call ``policy(cat(td_0, td_1, ...))`` in
+worker order, so it computes the same numbers bit for bit (with per-row ``"sampling_seed"``, also the same samples;
+see :class:`~lit_llm.policy.transformers_wrapper.TransformersWrapper`), and ``get_batching_state()["batches_run"]``
+grows by one per step. If a worker never submits, the others run without it when the timeout fires (no longer
+deterministic, never a deadlock). Rows of different structures (e.g. with and without ``"sampling_seed"``) still run
+in separate batches.
 
 Errors: an exception raised by the function reaches every caller with rows in that batch (a same-type copy carrying
 the original traceback, chained ``from`` the original) and nobody else; the worker keeps serving. A request whose own
@@ -26,7 +41,7 @@ rows cannot be stacked together is rejected in the caller's thread with :class:`
 Contract used by :class:`~lit_llm.policy.common.LLMWrapperBase`:
 
 - ``self._init_batching(batching, min_batch_size, max_batch_size, batching_timeout)`` in ``__init__``;
-- ``self._run_maybe_batched(tensordict, fn, **kwargs)`` in ``forward``;
+- ``self._run_maybe_batched(tensordict, fn, batch_order=None, **kwargs)`` in ``forward``;
 - ``cleanup_batching(flush=False)``, ``get_batching_state()``, property ``batching`` (settable);
 - ``_batching_settings()``: the kwargs ``get_new_version`` passes to the new wrapper;
   ``new._adopt_batching_state(old)``: make the new wrapper share ``old``'s queue and worker (only when asked).
@@ -36,6 +51,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import threading
 import time
 import weakref
@@ -123,6 +139,8 @@ class _Request:
     signature: tuple
     deadline: float
     solo: bool = False  # run alone, unsplit, on the caller's own tensordict (``_run_exclusive``)
+    order: int | None = None  # ``batch_order``: rows sort by (order, arrival, row index); None sorts last
+    arrival: int = 0  # set by ``_Batcher.submit``
     results: list[Any] = field(default_factory=list)
     remaining: int = 0
     error: BaseException | None = None
@@ -159,6 +177,7 @@ class _Batcher:
         self.min_batch_size, self.max_batch_size, self.timeout = min_batch_size, max_batch_size, timeout
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[tuple[_Request, int]] = []  # (request, row index), FIFO
+        self._arrivals = 0  # requests submitted so far (their arrival numbers)
         self._thread: threading.Thread | None = None
         self._stop = False  # worker: run everything queued regardless of min size/deadline, then exit
         self._processing = 0  # rows in the batch being run
@@ -171,6 +190,7 @@ class _Batcher:
     # -------------------------------------------------------------------------------------------- caller side
     def submit(self, request: _Request) -> None:
         with self._cond:
+            request.arrival, self._arrivals = self._arrivals, self._arrivals + 1
             self._queue.extend((request, i) for i in range(len(request.rows)))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._worker, name="lit_llm-batching-worker", daemon=True)
@@ -223,6 +243,8 @@ class _Batcher:
                 groups.append([item])
         for g in groups:  # FIFO: groups are ordered by their oldest row
             if self._stop or g[0][0].solo or len(g) >= self.min_batch_size or g[0][0].deadline <= now:
+                if any(r.order is not None for r, _ in g):  # (order, arrival, row); unordered rows last, FIFO
+                    g = sorted(g, key=_row_rank)
                 batch = g if g[0][0].solo else g[: self.max_batch_size]
                 taken = {(id(r), i) for r, i in batch}
                 self._queue = [it for it in self._queue if (id(it[0]), it[1]) not in taken]
@@ -302,6 +324,12 @@ class _Batcher:
             r.remaining -= 1
             if r.remaining == 0 and not r.done.is_set():
                 r.done.set()
+
+
+def _row_rank(item: tuple[_Request, int]) -> tuple[int, int, int, int]:
+    """Sort key of a queued row: ``(batch_order, arrival, row index)``, rows without an order after ordered ones."""
+    req, i = item
+    return (0, req.order, req.arrival, i) if req.order is not None else (1, 0, req.arrival, i)
 
 
 def _check_batch_size(name: str, value: int | None, *, minimum: int) -> None:
@@ -404,8 +432,8 @@ class BatchingMixin:
             self._batcher = other._batcher
             self._batching_finalizer = weakref.finalize(self, other._batcher.shutdown, flush=True, wait=False)
 
-    def _run_maybe_batched(self, tensordict: TensorDictBase, fn: Callable[..., TensorDictBase],
-                           **kwargs: Any) -> TensorDictBase:
+    def _run_maybe_batched(self, tensordict: TensorDictBase, fn: Callable[..., TensorDictBase], *,
+                           batch_order: int | None = None, **kwargs: Any) -> TensorDictBase:
         """Call ``fn(tensordict, **kwargs)`` directly, or through the shared queue when batching is on.
 
         Args:
@@ -415,6 +443,9 @@ class BatchingMixin:
             fn: the unbatched forward: takes a ``[N]`` lazy stack of rows and returns a tensordict whose leading
                 batch dim is ``N`` (e.g. ``[N]``, or ``[N, n]`` with ``num_samples=n``). It may write into its input
                 and return it (in-place wrappers).
+            batch_order: where this call's rows go inside a shared batch: rows sort by ``(batch_order, arrival,
+                row index)``, calls without an order after ordered ones (see the module docstring's deterministic
+                recipe). Not passed to ``fn`` and not compared for compatibility. Ignored with batching off.
             **kwargs: passed to ``fn``; only calls with equal kwargs share a batch.
 
         Returns:
@@ -425,10 +456,15 @@ class BatchingMixin:
 
         Raises:
             BatchingInputError: an empty ``[0]`` batch, or rows with different structures.
+            ValueError: ``batch_order`` is not an integer (or ``None``).
             BatchingCancelledError: ``cleanup_batching(flush=False)`` dropped the request before it ran.
             Exception: whatever ``fn`` raised on a batch holding this caller's rows (same type and message, the
                 original traceback, ``__cause__`` = the original exception).
         """
+        if batch_order is not None:
+            if isinstance(batch_order, bool) or not isinstance(batch_order, numbers.Integral):
+                raise ValueError(f"batch_order must be an int (or None), got {batch_order!r}.")
+            batch_order = int(batch_order)
         batcher = self._batcher
         if batcher is None or batcher.is_worker_thread():  # re-entrant call from fn itself: run inline
             return fn(tensordict, **kwargs)
@@ -445,7 +481,7 @@ class BatchingMixin:
                     f"batching: input rows 0 and {k} cannot be stacked together ({_describe_mismatch(sigs[0], s)}); "
                     f"every row of one call needs the same keys and tensor dtypes/ndims. Split the call or make the "
                     f"rows uniform.")
-        request = _Request(rows, fn, kwargs, sigs[0], time.monotonic() + batcher.timeout)
+        request = _Request(rows, fn, kwargs, sigs[0], time.monotonic() + batcher.timeout, order=batch_order)
         batcher.submit(request)
         request.done.wait()
         if request.error is not None:

@@ -7,6 +7,8 @@ Two public pieces used by :class:`~lit_llm.policy.transformers_wrapper.Transform
   ``num_return_sequences``) and its validation rules, resolved into one frozen :class:`GenerationConfig`.
 * :func:`generate_tokens`: a left-padded, KV-cached decoding loop that keeps the sampled ids exactly and records the
   log-prob of every sampled token under the temperature-scaled model distribution (DESIGN.md properties 1, 4, 5).
+  With ``seeds`` each row samples from its own generator (:func:`sample_from_probs`, :func:`row_seed`), so a row's
+  sample never depends on the other rows of the batch or on the global RNG.
 
 Why our own loop rather than ``model.generate``: the reported log-probs must be ``log_softmax(logits / T)`` of the raw
 logits (not the processed scores), and keeping ``output_logits`` for every step costs ``[B, V]`` fp32 per step; here
@@ -35,6 +37,8 @@ __all__ = [
     "generate_tokens",
     "pad_rows",
     "resolve_generation_config",
+    "row_seed",
+    "sample_from_probs",
     "standardize_generate_kwargs",
     "unique_rows",
     "validate_generate_kwargs",
@@ -373,9 +377,115 @@ def unique_rows(ids: Tensor, lengths: list[int]) -> tuple[Tensor, Tensor | None]
     return unique, torch.tensor(keys, dtype=torch.long, device=ids.device)
 
 
+# ------------------------------------------------------------------------------------------- per-row sampling
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's output function (Steele, Lea & Flood, "Fast splittable pseudorandom number generators",
+    OOPSLA 2014): a bijection of ``[0, 2**64)`` with good avalanche."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def row_seed(base: int, k: int) -> int:
+    """The seed of sample ``k`` of a row whose base seed is ``base``: ``splitmix64(splitmix64(base) ^ k) >> 1``.
+
+    Used by the generate version for ``num_samples=n`` (sample ``k`` of row ``b`` samples with
+    ``row_seed(sampling_seed[b], k)``, ``k = 0`` without ``num_samples``). Nearby bases and indices give unrelated
+    seeds (no ``base * m + k`` collisions), and the result fits an int64, so it can itself be stored as a
+    ``sampling_seed``.
+
+    Args:
+        base: any integer in ``[-2**63, 2**64)``; taken modulo ``2**64`` (an int64's bit pattern).
+        k: the sample index, ``>= 0``.
+
+    Returns:
+        An int in ``[0, 2**63)``.
+
+    Raises:
+        ValueError: ``base`` or ``k`` is not an integer (bools are rejected) or is out of range.
+    """
+    if isinstance(base, bool) or not isinstance(base, numbers.Integral) or not -(1 << 63) <= int(base) <= _MASK64:
+        raise ValueError(f"row_seed: base must be an integer in [-2**63, 2**64), got {base!r}.")
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= int(k) <= _MASK64:
+        raise ValueError(f"row_seed: k must be a non-negative integer below 2**64, got {k!r}.")
+    return _splitmix64(_splitmix64(int(base) & _MASK64) ^ int(k)) >> 1
+
+
+def _check_seeds(seeds: Sequence[int] | Tensor, batch: int) -> list[int]:
+    """``seeds`` as ``batch`` Python ints modulo ``2**64``; ``ValueError`` naming ``seeds`` otherwise."""
+    if isinstance(seeds, Tensor):
+        if seeds.dtype.is_floating_point or seeds.dtype.is_complex or seeds.dtype == torch.bool:
+            raise ValueError(f"generate_tokens: seeds must hold integers (one int64 per prompt row), got a tensor of "
+                             f"dtype {seeds.dtype}.")
+        if seeds.ndim != 1:
+            raise ValueError(f"generate_tokens: seeds must be 1-D (one seed per prompt row), got shape "
+                             f"{list(seeds.shape)}.")
+        values = seeds.tolist()
+    elif isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
+        raise ValueError(f"generate_tokens: seeds must be a sequence of ints or a 1-D integer tensor, got "
+                         f"{type(seeds).__name__}.")
+    else:
+        values = list(seeds)
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not -(1 << 63) <= int(v) <= _MASK64:
+                raise ValueError(f"generate_tokens: seeds[{i}] must be an integer in [-2**63, 2**64), got {v!r}.")
+    if len(values) != batch:
+        raise ValueError(f"generate_tokens: seeds has {len(values)} entries for {batch} prompt rows; pass exactly one "
+                         f"seed per row (after repeating prompts for several samples).")
+    return [int(v) & _MASK64 for v in values]
+
+
+def _row_uniforms(seeds: list[int], steps: int, device: torch.device) -> Tensor:
+    """``[steps, B]`` float64 uniforms in ``[0, 1)``: column ``i`` is ``torch.rand(steps)`` of a generator on
+    ``device`` seeded with ``seeds[i]``. Drawn once up front (``B`` generator calls per decode, not per step); a
+    row's draws depend only on its seed and ``steps``."""
+    rows = []
+    for seed in seeds:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+        rows.append(torch.rand(steps, generator=gen, device=device, dtype=torch.float64))
+    return torch.stack(rows, dim=1)
+
+
+def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Inverse-CDF sampling of one id per row, in one batched op: row ``i`` draws the smallest ``j`` with
+    ``cdf_i[j] > uniforms[i] * cdf_i[-1]``, where ``cdf_i`` is the float64 cumulative sum of ``probs[i]``.
+
+    Rows need not be normalised. A token with zero probability is never drawn: its cumulative value equals its
+    predecessor's, so the strict ``>`` skips it, and a target at or past the end of the CDF (``u * total`` rounding
+    up to ``total``, or ``u = 1``) is clamped to the first position where the CDF reaches its total, which is a
+    positive-probability token. Summing in float64 keeps the distortion of tiny probabilities far below fp32's
+    (``V * 2**-53`` rather than ``V * 2**-24`` of mass).
+
+    Args:
+        probs: ``[B, V]`` non-negative weights (any float dtype), each row with a positive finite sum; rows that
+            violate this (NaN, all zeros) give an unspecified id in ``[0, V)``.
+        uniforms: ``[B]`` floats in ``[0, 1]`` (float64 recommended), on ``probs``' device.
+
+    Returns:
+        ``[B]`` ``torch.long`` ids.
+
+    Raises:
+        ValueError: ``probs`` is not 2-D, or ``uniforms`` is not ``[B]``.
+    """
+    if probs.ndim != 2 or uniforms.shape != probs.shape[:1]:
+        raise ValueError(f"sample_from_probs: expected probs [B, V] and uniforms [B], got {list(probs.shape)} and "
+                         f"{list(uniforms.shape)}.")
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    total = cdf[:, -1:].contiguous()
+    idx = torch.searchsorted(cdf, uniforms.to(torch.float64)[:, None] * total, right=True)
+    last = torch.searchsorted(cdf, total, right=False)  # first position reaching the total: a positive token
+    return torch.minimum(idx, last).squeeze(1)
+
+
 @torch.no_grad()
 def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationConfig, *,
-                    device: torch.device | None = None, max_context: int | None = None) -> GenerationOutput:
+                    device: torch.device | None = None, max_context: int | None = None,
+                    seeds: Sequence[int] | Tensor | None = None) -> GenerationOutput:
     """Decode every prompt with a KV cache; stop each row at its first eos id; keep ids and their log-probs.
 
     Prompts are left-padded into ``[B, P]`` with an attention mask built from their lengths (never from
@@ -385,9 +495,16 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
     (:func:`unique_rows`). At each step the next-token logits
     ``z`` (fp32) give the reported log-prob ``log_softmax(z / T)[x]`` of the chosen id ``x`` -- the temperature-scaled
     full distribution, **not** renormalised after top-k/top-p/min-p or the repetition penalty -- and the processed
-    scores give ``x`` (multinomial sample, or argmax when greedy). A row is done once it emits any id of
+    scores give ``x`` (a sample, or the argmax when greedy). A row is done once it emits any id of
     ``config.eos_token_ids`` (kept as the response's last token); the loop stops when every row is done or after
     ``config.max_new_tokens`` steps. The model's train/eval mode is left unchanged; no gradients are recorded.
+
+    Sampling: without ``seeds``, ``torch.multinomial`` on the global RNG of ``device`` (one draw for the whole batch
+    per step, so a row's sample depends on the batch). With ``seeds``, row ``i`` draws ``config.max_new_tokens``
+    float64 uniforms up front from its own ``torch.Generator`` on ``device`` seeded with ``seeds[i]`` and samples step
+    ``t`` with :func:`sample_from_probs` on uniform ``t``: the choice depends only on that seed and on the row's
+    processed probabilities, never on the other rows or on the global RNG (left untouched). Bit-identical
+    ids then need bit-identical logits, which a different padded batch layout can perturb at float precision.
 
     Args:
         model: an HF causal LM.
@@ -395,19 +512,24 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
         config: resolved settings (:func:`resolve_generation_config`).
         device: where to run (default: the model's parameters' device).
         max_context: the model's context length; ``None`` reads ``model.config.max_position_embeddings``.
+        seeds: ``B`` integer seeds (a sequence of ints in ``[-2**63, 2**64)``, taken modulo ``2**64``, or a 1-D
+            integer tensor), one per prompt row; ``None`` = global RNG. Ignored when greedy (still validated). Equal
+            seeds on equal prompts give equal samples: derive distinct seeds per sample with :func:`row_seed`.
 
     Returns:
         :class:`GenerationOutput` with per-row ids, log-probs and truncation flags, on ``device``.
 
     Raises:
         ValueError: see :func:`check_token_ids` (empty prompt, id outside the vocabulary, prompt plus
-            ``max_new_tokens`` longer than the context).
+            ``max_new_tokens`` longer than the context); ``seeds`` of the wrong length, shape or type, or with an
+            entry that is not an integer (the message names ``seeds``).
     """
     if device is None:
         device = next(model.parameters()).device
     check_token_ids(model, prompts, extra=config.max_new_tokens, max_context=max_context, what="generate: prompt")
     lengths = [int(p.numel()) for p in prompts]
     batch = len(prompts)
+    seed_list = _check_seeds(seeds, batch) if seeds is not None else None
     ids = pad_rows([p.to(device=device, dtype=torch.long) for p in prompts], config.pad_token_id)
     attn = pad_rows([torch.ones(n, dtype=torch.long, device=device) for n in lengths], 0)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -430,6 +552,9 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
             for layer in cache.layers:
                 layer.batch_select_indices(inverse)
             out.logits = out.logits[inverse]
+    uniforms = None
+    if seed_list is not None and config.do_sample:
+        uniforms = _row_uniforms(seed_list, config.max_new_tokens, torch.device(device))
     seq = ids
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     steps_ids: list[Tensor] = []
@@ -439,7 +564,9 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
         scores = logits
         for proc in procs:
             scores = proc(seq, scores)
-        if config.do_sample:
+        if uniforms is not None:
+            nxt = sample_from_probs(torch.softmax(scores, dim=-1), uniforms[step])
+        elif config.do_sample:
             nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
         else:
             nxt = scores.argmax(dim=-1)

@@ -5,7 +5,11 @@ Generate version (``generate=True``): prompt (History / text / ids) -> left-padd
 Log-prob version (``generate=False``): full sequence -> :func:`~lit_llm.policy.logprobs.model_token_log_probs`
 (chunked LM head, never ``[B, T, V]`` logits) -> ``log_probs.full``. When the input carries ``tokens.full`` (e.g. the
 generate version's output) those ids are scored as they are: decoded text is never re-tokenised (DESIGN.md
-property 1).
+property 1). The masked distributions of the log-prob version (``get_dist`` / ``get_sft_dist`` / ``get_rlhf_dist`` /
+``get_generic_dist``, masks from ``head_mask``) are
+:class:`~lit_llm.policy.masked_dist.ChunkedLLMMaskedCategorical` over the backbone's hidden states (one backbone pass,
+the chunked LM head on masked-in positions only); see :meth:`LLMWrapperBase.get_dist` for the dense, ragged and GRPO
+prompt/completion layouts.
 
 Output keys (defaults): ``text`` (:class:`Text`, history/text modes), ``tokens`` (:class:`Tokens`), ``masks``
 (:class:`Masks`), ``log_probs`` (:class:`LogProbs`), ``history`` (:class:`ChatHistory`, history mode) and, for
@@ -14,25 +18,40 @@ generation, ``truncated`` (``[B]`` bool, TorchRL's name: the row hit ``max_new_t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from tensordict import NestedKey, TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase, lazy_stack
 from torch import Tensor
 
 from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens, template_display_name
 from lit_llm.data.errors import check_prefix
-from lit_llm.policy.common import LLMWrapperBase, _key, read_rows, read_strings
+from lit_llm.policy.common import (
+    DistLayout,
+    LLMWrapperBase,
+    _dense,
+    _flatten,
+    _key,
+    _present,
+    _real_rows,
+    read_rows,
+    read_strings,
+)
 from lit_llm.policy.generation import (
     check_token_ids,
     generate_tokens,
     pad_rows,
     resolve_generation_config,
+    row_seed,
     standardize_generate_kwargs,
 )
-from lit_llm.policy.logprobs import model_token_log_probs
+from lit_llm.policy.logprobs import completion_hidden_states, lm_head, model_token_log_probs, token_hidden_states
 
-__all__ = ["TransformersWrapper"]
+__all__ = ["SAMPLING_SEED_KEY", "TransformersWrapper"]
+
+#: Optional per-row input key of the generate version: the base seed of the row's own sampling generator.
+SAMPLING_SEED_KEY = "sampling_seed"
 
 
 class TransformersWrapper(LLMWrapperBase):
@@ -68,7 +87,21 @@ class TransformersWrapper(LLMWrapperBase):
             sampling temperature of ``generate_kwargs`` (1.0 when greedy), so
             ``get_new_version(generate=False)`` scores with the temperature its generate version sampled at.
         chunk_size: positions per LM-head chunk in the log-prob version (peak extra memory ~ ``chunk_size * V * 4``
-            bytes).
+            bytes); also the chunk size of the distributions of :meth:`get_dist`.
+        share_prompts: log-prob version, GRPO prompt/completion layout of :meth:`get_dist`: run each distinct prompt
+            through the backbone once and the completions on top of its KV cache
+            (:func:`~lit_llm.policy.logprobs.completion_hidden_states`). ``False`` runs the full rows (needed under
+            gradient checkpointing in training mode, which turns the cache off). Same values and gradients either way.
+
+    Sampling seeds (generate version): when the input has the per-row key ``"sampling_seed"`` (an integer, int64
+    recommended: ``[B]`` dense, or a 0-d entry per row of a lazy stack), sample ``k`` of row ``b`` (``k = 0`` without
+    ``num_samples``) samples from its own generator seeded with
+    :func:`row_seed(sampling_seed[b], k) <lit_llm.policy.generation.row_seed>`
+    (:func:`~lit_llm.policy.generation.generate_tokens` ``seeds=``): its ids depend only on that seed and its own
+    logits, not on the other rows of the batch or the global RNG. Without the key, sampling uses the global RNG. The
+    key is left in the output like any other input entry. Under threaded batching, rows with and without the key
+    have different structures and never share a batch; for a batch identical to one unbatched call see
+    :mod:`lit_llm.policy.batching` (``batch_order``).
 
     Log-probs: ``log_probs.full[t] = log_softmax(z_{t-1} / T)[x_t]`` with ``z`` the model's logits -- the
     temperature-scaled **full** distribution, not renormalised after top-k/top-p/min-p or the repetition penalty --
@@ -106,6 +139,7 @@ class TransformersWrapper(LLMWrapperBase):
         batching_timeout: float = 10.0,
         temperature: float | None = None,
         chunk_size: int = 1024,
+        share_prompts: bool = True,
     ) -> None:
         super().__init__()
         self.generate_kwargs = standardize_generate_kwargs(generate_kwargs)
@@ -127,6 +161,9 @@ class TransformersWrapper(LLMWrapperBase):
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}.")
         self.temperature = float(temperature)
         self.chunk_size = chunk_size
+        if not isinstance(share_prompts, bool):
+            raise ValueError(f"share_prompts must be a bool, got {share_prompts!r}.")
+        self.share_prompts = share_prompts
         self.chat_template = chat_template
         self.tokenizer_kwargs = {"add_special_tokens": False, **(tokenizer_kwargs or {})}
         self._device = torch.device(device) if device is not None else None
@@ -142,7 +179,8 @@ class TransformersWrapper(LLMWrapperBase):
         return {**super()._settings(), "generate_kwargs": dict(self.generate_kwargs),
                 "tokenizer_kwargs": dict(self.tokenizer_kwargs), "device": self._device,
                 "chat_template": self.chat_template, "temperature": self._user_temperature,
-                "num_samples": self._user_num_samples, "chunk_size": self.chunk_size}
+                "num_samples": self._user_num_samples, "chunk_size": self.chunk_size,
+                "share_prompts": self.share_prompts}
 
     @property
     def device(self) -> torch.device:
@@ -218,16 +256,38 @@ class TransformersWrapper(LLMWrapperBase):
     def _decode(self, ids: Tensor) -> str:
         return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
 
+    def _sampling_seeds(self, td: TensorDictBase, n: int) -> list[int] | None:
+        """``B * n`` seeds ``row_seed(sampling_seed[b], k)`` (b-major) from the input's ``"sampling_seed"``, or
+        ``None`` when the input has no such key.
+
+        Raises:
+            ValueError: the entry is not one integer per row (shape ``[B]``, integer dtype).
+        """
+        if SAMPLING_SEED_KEY not in td.keys():
+            return None
+        value = td.get(SAMPLING_SEED_KEY)
+        batch = td.batch_size[0]
+        if not isinstance(value, Tensor) or value.shape != (batch,) or value.dtype.is_floating_point \
+                or value.dtype.is_complex or value.dtype == torch.bool:
+            desc = (f"a {value.dtype} tensor of shape {list(value.shape)}" if isinstance(value, Tensor)
+                    else type(value).__name__)
+            raise ValueError(
+                f"{type(self).__name__}: {SAMPLING_SEED_KEY!r} must hold one integer seed per row (an int64 tensor of "
+                f"shape [{batch}], or a 0-d int64 entry per row), got {desc}. Store torch.tensor(seed) per row.")
+        return [row_seed(base, k) for base in value.tolist() for k in range(n)]
+
     def _generate(self, td: TensorDictBase) -> tuple[dict, int | None]:
         prompts, texts, hists, prompt_am = self._prompt_inputs(td)
         n = self.num_samples or 1
+        seeds = self._sampling_seeds(td, n)
 
         def rep(rows: list | None) -> list | None:
             return None if rows is None else [r for r in rows for _ in range(n)]
 
         prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
         dev = self.device
-        gen = generate_tokens(self.model, [p.to(dev) for p in prompts], self.generation_config, device=dev)
+        gen = generate_tokens(self.model, [p.to(dev) for p in prompts], self.generation_config, device=dev,
+                              seeds=seeds)
         prompts = [p.to(dev) for p in prompts]
         resp, resp_lp = gen.response_ids, gen.response_log_probs
         full = [torch.cat([p, r]) for p, r in zip(prompts, resp)]
@@ -382,13 +442,21 @@ class TransformersWrapper(LLMWrapperBase):
             out.append(p.numel())
         return out
 
-    def _prompt_lengths(self, td: TensorDictBase, full_rows: list[Tensor]) -> list[int]:
+    def _prompt_lengths(self, td: TensorDictBase, full_rows: Callable[[], list[Tensor]]) -> list[int] | None:
+        """Prompt lengths from ``tokens.prompt``, else (history mode) from rendering ``history.full`` minus its last
+        message with the generation prompt; ``None`` when neither is in the input (``full_rows`` is then not called).
+
+        Raises:
+            ValueError: a conversation that does not end with an assistant message.
+            PrefixMismatchError: the prompt ids are not a prefix of the full ids (DESIGN.md property 2).
+        """
+        has_history = self.input_mode == "history" and td.get(self.input_key, None) is not None
+        if not has_history and not _present(td, self._k(self.tokens_key, "prompt")):
+            return None
+        full_rows = full_rows()
         lens = self._input_prompt_lengths(td, full_rows)
-        if lens is not None:
+        if lens is not None or not has_history:
             return lens
-        if self.input_mode != "history" or td.get(self.input_key, None) is None:
-            raise ValueError(f"get_sft_dist: the prompt length is unknown: pass {self._k(self.tokens_key, 'prompt')} "
-                             f"with tokens.full, or use input_mode='history' with {self.input_key!r}.")
         lens = []
         for b, (h, f) in enumerate(zip(td.get(self.input_key).unbind(0), full_rows)):
             roles = list(h.role)
@@ -437,6 +505,78 @@ class TransformersWrapper(LLMWrapperBase):
         }
         return res, None
 
+    # ---------------------------------------------------------------------------------------------- distributions
+    def _dist_layout(self, tensordict: TensorDictBase) -> DistLayout:
+        """Ids and masks of :meth:`get_dist`'s layout (dense as given, ragged left-padded, or GRPO), no forward."""
+        if "completion_ids" in tensordict.keys():
+            return self._completion_layout(tensordict, self.device)
+        single = tensordict.batch_dims == 0
+        if single:
+            flat = lazy_stack([tensordict])
+        elif tensordict.batch_dims == 2:
+            flat = _flatten(tensordict)
+        elif tensordict.batch_dims == 1:
+            flat = tensordict
+        else:
+            raise ValueError(f"{type(self).__name__}: input batch_size must be [], [B] or [B, n] for a "
+                             f"distribution, got {list(tensordict.batch_size)}.")
+        dense = self._dense_full(flat)
+        if dense is not None:
+            ids, attn, asst = dense
+        else:
+            full, asst_rows, _ = self._full_inputs(flat)
+            ids, attn = self._padded_full(full)
+            if asst_rows is None:  # outside history mode: an assistant mask given with the ids (e.g. by a dataset)
+                given = read_rows(flat, self._k(self.masks_key, "all_assistant_mask"),
+                                  attention_key=self._k(self.masks_key, "all_attention_mask"))
+                if given is not None and all(g.numel() == f.numel() for g, f in zip(given, full)):
+                    asst_rows = given
+            asst = None if asst_rows is None else pad_rows([a.to(self.device).bool() for a in asst_rows], False,
+                                                           side="left")
+        return DistLayout(tokens=ids, attention_mask=attn, assistant_mask=asst, source=flat, single=single)
+
+    def _dense_full(self, td: TensorDictBase) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        """The dense fast path: ``(ids, attention mask, assistant mask or None)`` as given, or ``None`` when the input
+        has no dense ``[B, T]`` full ids with a dense attention mask of the same shape.
+
+        Raises:
+            ValueError: an attention mask that is not bool/0-1, or ids a model cannot score (named row).
+        """
+        ids_key = self.input_key if self.input_mode == "tokens" else self._k(self.tokens_key, "full")
+        attn_key = self._k(self.masks_key, "all_attention_mask")
+        ids, attn = _dense(td, ids_key), _dense(td, attn_key)
+        if ids is None or attn is None or ids.dim() != 2 or attn.shape != ids.shape:
+            return None
+        if attn.dtype != torch.bool and (attn.dtype.is_floating_point or attn.dtype.is_complex
+                                         or bool(((attn != 0) & (attn != 1)).any())):
+            raise ValueError(f"{type(self).__name__}: {attn_key!r} must be a bool (or 0/1 integer) [B, T] mask "
+                             f"aligned with {ids_key!r}; got dtype {attn.dtype}. Pass attention_mask.bool().")
+        dev = self.device
+        ids, attn = ids.to(dev), attn.to(dev).bool()
+        if _dense_ids_need_check(self.model, ids, attn):  # one vectorised test; the per-row check names the culprit
+            check_token_ids(self.model, _real_rows(ids, attn),
+                            what=f"{type(self).__name__} (log-prob version): {ids_key!r}")
+        asst = _dense(td, self._k(self.masks_key, "all_assistant_mask"))
+        if asst is not None and asst.shape == ids.shape:
+            return ids, attn, asst.to(dev).bool() & attn
+        if self.input_mode != "history":
+            return ids, attn, None
+        rows = _real_rows(ids, attn)
+        asst_rows = self._assistant_for_ids(td, rows, self._input_prompt_lengths(td, rows))
+        asst = torch.zeros_like(attn)
+        asst[attn] = torch.cat([a.to(dev).bool() for a in asst_rows])
+        return ids, attn, asst
+
+    def _dist_hidden_states(self, layout: DistLayout) -> tuple[Tensor, Tensor, Tensor | None]:
+        weight, bias = lm_head(self.model)
+        c = layout.completion
+        if c is not None:
+            hidden = completion_hidden_states(self.model, c["prompt_ids"], c["prompt_mask"], c["completion_ids"],
+                                              c["completion_mask"], c["prompt_index"], share_prompts=self.share_prompts)
+        else:
+            hidden = token_hidden_states(self.model, layout.tokens, layout.attention_mask)
+        return hidden, weight, bias
+
     def _forward_impl(self, td: TensorDictBase, **kwargs: Any) -> tuple[dict, int | None]:
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward: unexpected keyword arguments {sorted(kwargs)}.")
@@ -457,6 +597,23 @@ class TransformersWrapper(LLMWrapperBase):
                           [a.to(self.device) for a in asst], False, side="left"))
         return TensorDict({"logits": aligned, self.tokens_key: Tokens(full=ids, padded=True, batch_size=batch),
                            self.masks_key: masks}, batch_size=batch)
+
+
+def _dense_ids_need_check(model: Any, ids: Tensor, attn: Tensor) -> bool:
+    """Whether dense ``[B, T]`` ids might fail :func:`check_token_ids` (non-integer ids, an empty row, an id outside
+    the vocabulary, a row longer than the context), tested on the whole tensor with one device sync."""
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        return True
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(emb, "num_embeddings", None) or getattr(getattr(model, "config", None), "vocab_size", None)
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    lengths = attn.sum(-1)
+    bad = (lengths == 0).any()
+    if vocab is not None:
+        bad |= (attn & ((ids < 0) | (ids >= vocab))).any()
+    if context is not None and lengths.numel():
+        bad |= lengths.max() > context
+    return bool(bad)
 
 
 def _unpad_left_prefix(prompt_row: Tensor, full_row: Tensor, row: int) -> int:

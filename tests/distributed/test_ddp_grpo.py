@@ -23,7 +23,7 @@ from ddp_launch import (
     launch,
 )
 
-from lit_llm.policy.rollout import _mix_seed
+from lit_llm.rollouts.engine import _mix_seed
 
 NUM_TRAIN, PROMPTS, G, MAX_NEW, STEPS = 21, 2, 4, 24, 6
 STEPS_PER_EPOCH = NUM_TRAIN // (2 * PROMPTS)  # 5; the 21st prompt of an epoch is dropped

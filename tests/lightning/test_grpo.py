@@ -12,6 +12,7 @@ from lightning.pytorch import Callback, Trainer
 from lit_llm.lightning.grpo import GRPOModule
 from lit_llm.lightning.grpo_data import GRPODataModule
 from lit_llm.objectives.grpo import grpo_loss
+from lit_llm.policy.generation import generate_tokens, pad_rows, resolve_generation_config
 from lit_llm.policy.logprobs import completion_log_probs, model_token_log_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -71,11 +72,12 @@ def test_first_on_policy_iteration_has_ratio_one_and_no_clipping():
 
 def test_kl_zero_at_reference_then_positive():
     module, steps = fit(3, beta=0.1)
-    assert len(module._reference) == 1 and not any(p.requires_grad for p in module._reference[0].parameters())
+    reference = module.versions.reference_version.model
+    assert reference is not module.model and not any(p.requires_grad for p in reference.parameters())
     assert abs(steps[0]["train/kl"]) < 1e-6
     assert steps[-1]["train/kl"] > 1e-6
     no_ref, _ = fit(1, beta=0.0)
-    assert no_ref._reference == () and "train/kl" not in _[0]
+    assert no_ref.versions.reference_version is None and "train/kl" not in _[0]
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
@@ -87,12 +89,12 @@ def test_step_normalisation_independent_of_micro_batching(loss_type, tokenizer):
     dm.setup()
     batch = next(iter(dm.train_dataloader()))
     rollout = module.engine.rollout(batch, step=0)
-    rollout["advantage"] = torch.linspace(-1, 1, 12)  # non-trivial advantages
+    rollout.advantage = torch.linspace(-1, 1, 12)  # non-trivial advantages
     module.micro_batch_size = 12
     whole = module.micro_batches(rollout)
     module.micro_batch_size = 5
     parts = module.micro_batches(rollout)
-    assert len(parts) == 3 and sum(len(p["sample_ids"]) for p in parts) == 12
+    assert len(parts) == 3 and sum(p.num_rows for p in parts) == 12
     norm_whole, norm_parts = module.step_denominator(whole), module.step_denominator(parts)
     assert float(norm_whole) == float(norm_parts)
     loss_whole, _ = module.micro_batch_loss(whole[0], norm_whole.float())
@@ -101,51 +103,55 @@ def test_step_normalisation_independent_of_micro_batching(loss_type, tokenizer):
 
 
 def test_micro_batches_rebuild_the_rollout_rows(tokenizer):
-    """The prompt/completion layout holds exactly each rollout row's tokens and generation-time log-probs, with one
-    prompt row per distinct prompt, and keeps groups together."""
+    """Micro-batches hold exactly each rollout row's tokens and generation-time log-probs, with one prompt row per
+    distinct prompt, and keep groups together."""
     module = GRPOModule("tiny", reward_funcs=[frac_reward], num_generations=4, max_new_tokens=6, rollout_seed=3)
     rollout = module.engine.rollout({"prompt": ["What is 1 + 1?", "Hello", "Say hi", "What is 2 + 2?"]}, step=0)
-    full, attn = rollout["tokens", "full"], rollout["masks", "all_attention_mask"]
-    cm, old = rollout["masks", "completion_mask"], rollout["log_probs", "full"]
+    full = rollout.full_rows()
+    rows = {(rollout.sample_id[i], tuple(full[i].tolist())): i for i in range(16)}
     for size, n_prompts in ((16, [4]), (8, [2, 2]), (6, [2, 2, 1])):
         module.micro_batch_size = size
         mbs = module.micro_batches(rollout)
-        assert [mb["prompt_ids"].shape[0] for mb in mbs] == n_prompts
+        assert [mb.prompt_ids.shape[0] for mb in mbs] == n_prompts
         seen = []
         for mb in mbs:
-            for k, sid in enumerate(mb["sample_ids"]):
-                i = int(sid.rsplit("#", 1)[1])
+            for k, row in enumerate(mb.full_rows()):
+                i = rows[(mb.sample_id[k], tuple(row.tolist()))]
                 seen.append(i)
-                prompt = mb["prompt_ids"][mb["prompt_index"][k]][mb["prompt_mask"][mb["prompt_index"][k]]]
-                comp = mb["completion_ids"][k][mb["completion_mask"][k]]
-                assert torch.equal(torch.cat([prompt, comp]), full[i][attn[i]])
-                assert torch.equal(comp, full[i][cm[i]])
-                assert torch.equal(mb["old_log_probs"][k][mb["completion_mask"][k]], old[i][cm[i]])
-                assert (mb["old_log_probs"][k][~mb["completion_mask"][k]] == 0).all()
-                assert float(mb["advantages"][k]) == float(rollout["advantage"][i])
-            assert int(mb["num_real_tokens"]) == int(attn[[int(s.rsplit("#", 1)[1]) for s in mb["sample_ids"]]].sum())
+                c = int(mb.completion_lengths[k])
+                assert torch.equal(mb.completion_ids[k, :c], rollout.completion_ids[i, :c])
+                assert torch.equal(mb.old_log_probs[k, :c], rollout.old_log_probs[i, :c])
+                assert (mb.old_log_probs[k, c:] == 0).all() and not mb.loss_mask[k, c:].any()
+                assert float(mb.advantage[k]) == float(rollout.advantage[i])
+                assert int(mb.group[k]) == int(rollout.group[i])
+            assert int(module.micro_batch_real_tokens(mb)) == sum(r.numel() for r in mb.full_rows())
+            assert len(set(mb.group.tolist())) == mb.prompt_ids.shape[0]  # groups stay whole
         assert sorted(seen) == list(range(16))
 
 
 @pytest.mark.parametrize("share_prompts", [True, False])
 def test_micro_batch_log_probs_match_full_kernel(tiny, tokenizer, share_prompts):
-    """Log-probs of the micro-batch layout == the full-row kernel on the rollout; ratio 1 against the sampler's."""
-    module = GRPOModule("tiny", reward_funcs=[frac_reward], num_generations=3, max_new_tokens=5, micro_batch_size=4)
+    """The log-prob version's distribution on a micro-batch == the full-row kernel on the rollout rows; ratio 1
+    against the sampler's log-probs."""
+    module = GRPOModule("tiny", reward_funcs=[frac_reward], num_generations=3, max_new_tokens=5, micro_batch_size=4,
+                        temperature=0.7, share_prompts=share_prompts)
     rollout = module.engine.rollout({"prompt": ["What is 1 + 1?", "Hello"]}, step=0)
-    full, attn, cm = rollout["tokens", "full"], rollout["masks", "all_attention_mask"], rollout["masks",
-                                                                                               "completion_mask"]
-    ref, ref_ent = model_token_log_probs(module.model, full, attn, temperature=0.7, return_entropy=True)
     for mb in module.micro_batches(rollout):
-        args = (mb["prompt_ids"], mb["prompt_mask"], mb["completion_ids"], mb["completion_mask"], mb["prompt_index"])
-        lp, ent = completion_log_probs(module.model, *args, share_prompts=share_prompts, temperature=0.7,
-                                       return_entropy=True)
-        rows = [int(s.rsplit("#", 1)[1]) for s in mb["sample_ids"]]
-        m = mb["completion_mask"]
-        assert torch.allclose(lp[m], torch.cat([ref[i][cm[i]] for i in rows]), atol=1e-5) and (lp[~m] == 0).all()
-        assert torch.allclose(ent[m], torch.cat([ref_ent[i][cm[i]] for i in rows]), atol=1e-5)
-        lp1 = completion_log_probs(module.model, *args, share_prompts=share_prompts, temperature=1.0)
-        _, stats = grpo_loss(lp1, mb["old_log_probs"], mb["advantages"], m)
+        rows = mb.full_rows()
+        ids, attn = pad_rows(rows, 0), pad_rows([torch.ones(r.numel(), dtype=torch.bool) for r in rows], False)
+        ref, ref_ent = model_token_log_probs(module.model, ids, attn, temperature=0.7, return_entropy=True)
+        dist = module.versions.log_prob_version.get_dist(mb.policy_inputs())
+        lp, ent = dist.log_prob_and_entropy(mb.completion_ids)
+        m = mb.completion_mask
+        expected = torch.cat([ref[k, -int(c):] for k, c in enumerate(mb.completion_lengths)])
+        expected_ent = torch.cat([ref_ent[k, -int(c):] for k, c in enumerate(mb.completion_lengths)])
+        assert torch.allclose(lp[m], expected, atol=1e-5) and (lp[~m] == 0).all()
+        assert torch.allclose(ent[m], expected_ent, atol=1e-5)
+        _, stats = grpo_loss(lp, mb.old_log_probs, mb.advantage, m)
         assert abs(float(stats["ratio_min"]) - 1) < 1e-4 and abs(float(stats["ratio_max"]) - 1) < 1e-4
+        args = (mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask, mb.prompt_index)
+        assert torch.equal(lp, completion_log_probs(module.model, *args, share_prompts=share_prompts,
+                                                    temperature=0.7))
 
 
 def test_sync_mode_is_reproducible():
@@ -170,8 +176,6 @@ def test_async_mode_trains_with_bounded_staleness():
 def test_greedy_evaluation_logs_accuracy_before_and_during(tokenizer, tmp_path):
     from lightning.pytorch.loggers import Logger
 
-    from lit_llm.lightning.module import PolicyModule
-
     module = GRPOModule("tiny", reward_funcs=[frac_reward], eval_reward_funcs=[frac_reward], num_generations=2,
                         max_new_tokens=3, eval_max_new_tokens=5, micro_batch_size=8, log_samples_every=0)
     dm = GRPODataModule(batch_size=2, num_train=20, num_eval=6, eval_batch_size=4)
@@ -188,7 +192,15 @@ def test_greedy_evaluation_logs_accuracy_before_and_during(tokenizer, tmp_path):
 
     dm.setup()
     prompts = [r["prompt_ids"] for r in dm.eval_rows]
-    greedy = PolicyModule.generate(module, prompts, max_new_tokens=5)  # the plain greedy loop, for comparison
+    config = resolve_generation_config({"max_new_tokens": 5, "do_sample": False}, module.model, module.tokenizer)
+
+    def plain_greedy():  # the plain greedy loop, for comparison
+        module.model.eval()
+        out = generate_tokens(module.model, prompts, config).response_ids
+        module.model.train()
+        return out
+
+    greedy = plain_greedy()
     assert [torch.equal(a, b) for a, b in zip(module.greedy_responses({"prompt_ids": prompts}), greedy)] == [True] * 6
     before = sum(frac_reward(None, None, [g.tolist() for g in greedy])) / 6
     trainer = Trainer(max_steps=2, accelerator="cpu", logger=Capture(), enable_checkpointing=False,
@@ -198,8 +210,7 @@ def test_greedy_evaluation_logs_accuracy_before_and_during(tokenizer, tmp_path):
     evals = [(m, s) for m, s in logged if "eval/frac_reward" in m]
     assert len(evals) == 2 and evals[0][1] == 0  # before training (sanity check, step 0), then after 2 steps
     assert evals[0][0]["eval/frac_reward"] == pytest.approx(before, abs=1e-6)
-    after = sum(frac_reward(None, None, [g.tolist() for g in PolicyModule.generate(module, prompts,
-                                                                                   max_new_tokens=5)])) / 6
+    after = sum(frac_reward(None, None, [g.tolist() for g in plain_greedy()])) / 6
     assert evals[1][0]["eval/frac_reward"] == pytest.approx(after, abs=1e-6)
     assert (tmp_path / "eval_samples.csv").read_text().count("arithmetic-eval") == 8  # 4 rows x 2 evaluations
 

@@ -12,7 +12,6 @@ from lightning.pytorch import Trainer
 
 from lit_llm.data.datasets import collate, read_examples, tokenize_example
 from lit_llm.lightning.datamodules import SFTDataModule
-from lit_llm.lightning.metrics import argmax_hits, capture_last_hidden
 from lit_llm.lightning.module import SFTModule
 from lit_llm.objectives.sft import NonFiniteLossError
 
@@ -161,20 +160,26 @@ def test_trainer_accumulation_is_rejected(rows_path, tokenizer):
         trainer.fit(module, dm)
 
 
-def test_argmax_hits_match_full_logits(batch):
-    module = SFTModule("tiny")
+@pytest.mark.parametrize("head", ["sft", "rlhf", "generic"])
+def test_token_accuracy_hits_match_full_logits(batch, head):
+    """Argmax hits come from the log-prob kernel's chunks (no second LM-head pass) and equal full-logit argmaxes."""
+    module = SFTModule("tiny", loss=head, chunk_size=3)
     mask = module.mask(batch)
-    with torch.no_grad(), capture_last_hidden(module.model) as cap:
+    with torch.no_grad():
         logits = module.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        _, stats = module.forward_stats(batch, normalizer=None, reduction="token_mean")
     pred = logits[:, :-1].argmax(-1)
     expected = ((pred == batch["input_ids"][:, 1:]) & mask[:, 1:]).sum()
-    assert int(argmax_hits(cap.hidden, module.model, batch["input_ids"], mask, chunk_size=3)) == int(expected)
+    assert int(stats["hits"]) == int(expected) and int(stats["num_tokens"]) == int(mask.sum())
 
 
 def test_kl_to_reference_is_zero_at_start(batch):
     module = SFTModule("tiny", kl_coef=0.5)
-    assert "_reference" not in dict(module.named_children())
-    assert not any(k.startswith("_reference") for k in module.state_dict())
+    reference = module.versions.reference_version.model
+    assert reference is not module.model and not any(p.requires_grad for p in reference.parameters())
+    n_params = len(module.model.state_dict())
+    assert len([k for k in module.state_dict() if not k.startswith(("trained_tokens", "skipped_steps", "val_sums"))]) \
+        == n_params  # the reference copy is neither a submodule nor checkpointed
     with torch.no_grad():
         loss, stats = module.micro_batch_loss(batch, module.step_denominator([batch]))
     assert float(stats["kl"]) == pytest.approx(0.0, abs=1e-6)
@@ -184,7 +189,8 @@ def test_kl_to_reference_is_zero_at_start(batch):
 def test_policy_wrapper_shares_weights():
     module = SFTModule("tiny")
     policy = module.policy()
-    assert policy.model is module.model
+    assert policy.model is module.model and policy is module.versions.log_prob_version
+    assert module.policy(generate=True) is module.versions.generate_version
     assert not any(k.startswith("policy") for k in module.state_dict())
 
 

@@ -511,3 +511,105 @@ def test_wrapper_versions_share_one_worker_only_when_asked(greedy_policy):
     assert logits.shape[:2] == (1, out[0]["tokens", "full"].numel())
     for w in (gen, fresh, shared):
         w.cleanup_batching()
+
+
+# ------------------------------------------------------------------------------------------------ batch_order
+class OrderPolicy(FakePolicy):
+    """FakePolicy that records the first element of every row of every batch, in batch order."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.batches: list[list[int]] = []
+
+    def _forward(self, td, *, offset: int = 0):
+        if td.batch_dims:
+            self.batches.append([int(x[0]) for x in td.get("x", as_list=True)])
+        return super()._forward(td, offset=offset)
+
+
+def submit_in_order(p: BatchingMixin, calls: list, timeout: float = 20.0) -> list:
+    """Start ``calls`` (callables, each queuing ``n`` rows: ``(n, fn)``) one by one: each starts once the previous
+    rows are queued, so arrival order is the list order. Returns the results in that order."""
+    out: list = [None] * len(calls)
+    threads, queued = [], 0
+
+    def target(k, fn):
+        try:
+            out[k] = fn()
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertions
+            out[k] = exc
+
+    for k, (n, fn) in enumerate(calls):
+        t = threading.Thread(target=target, args=(k, fn))
+        t.start()
+        threads.append(t)
+        queued += n
+        if k < len(calls) - 1:
+            wait_for(lambda q=queued: p.get_batching_state()["queue_size"] >= q)
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a caller is still blocked (deadlock?)"
+    return out
+
+
+def test_batch_order_sorts_rows_and_unordered_rows_come_last_in_arrival_order():
+    p = OrderPolicy(min_batch_size=7, batching_timeout=30.0)
+    calls = [
+        (1, lambda: p(row(50))),                               # no order, arrives first
+        (2, lambda: p(rows((30,), (31,)), batch_order=3)),
+        (1, lambda: p(row(10), batch_order=-1)),
+        (1, lambda: p(row(60))),                               # no order, arrives later
+        (2, lambda: p(rows((20,), (21,)), batch_order=1)),
+    ]
+    out = submit_in_order(p, calls)
+    assert p.batches == [[10, 20, 21, 30, 31, 50, 60]]  # (order, arrival, row); unordered last, FIFO
+    assert p.get_batching_state()["batches_run"] == 1  # different orders share one batch (not a kwarg)
+    assert ys(out[1]) == [[60], [62]] and ys(out[4]) == [[40], [42]] and out[0]["y"].tolist() == [100]
+    p.cleanup_batching()
+
+
+def test_without_orders_batches_stay_fifo():
+    p = OrderPolicy(min_batch_size=4, batching_timeout=30.0)
+    submit_in_order(p, [(1, lambda: p(row(3))), (2, lambda: p(rows((1,), (2,)))), (1, lambda: p(row(0)))])
+    assert p.batches == [[3, 1, 2, 0]]
+    p.cleanup_batching()
+
+
+def test_batch_order_with_max_batch_size_takes_the_lowest_orders_first():
+    p = OrderPolicy(min_batch_size=2, max_batch_size=2, batching_timeout=30.0)
+    release = threading.Event()
+    blocker = threading.Thread(target=p._run_exclusive, args=(row(99), lambda td: (release.wait(5), td)[1]))
+    blocker.start()  # keeps the worker busy while four rows queue up in reverse order
+    wait_for(lambda: p.get_batching_state()["processing"])
+    threads = [threading.Thread(target=p, args=(row(k),), kwargs={"batch_order": k}) for k in (3, 2, 1, 0)]
+    for n, t in enumerate(threads, start=1):
+        t.start()
+        wait_for(lambda n=n: p.get_batching_state()["queue_size"] >= n)
+    release.set()
+    for t in [blocker, *threads]:
+        t.join(20)
+    assert p.batches == [[0, 1], [2, 3]]
+    p.cleanup_batching()
+
+
+def test_batch_order_never_mixes_kwargs_and_exclusive_calls_still_run():
+    p = OrderPolicy(min_batch_size=2, batching_timeout=0.5)
+    out = submit_in_order(p, [
+        (1, lambda: p(row(1), batch_order=0, offset=100)),
+        (1, lambda: p(row(2), batch_order=1)),  # other kwargs: its own batch, despite the order
+        (0, lambda: p._run_exclusive(row(9), p._forward)),  # runs at once while the ordered rows wait
+    ])
+    assert [b.tolist() for b in (out[0]["y"], out[1]["y"], out[2]["y"])] == [[102], [4], [18]]
+    assert p.batches == [[9], [1], [2]]  # the two ordered rows ran alone, each after the timeout
+    p.cleanup_batching()
+
+
+def test_batch_order_validation_and_batching_off():
+    p = OrderPolicy(min_batch_size=1)
+    with pytest.raises(ValueError, match="batch_order"):
+        p(row(1), batch_order=1.5)
+    with pytest.raises(ValueError, match="batch_order"):
+        p(row(1), batch_order=True)
+    off = OrderPolicy(batching=False)
+    assert off(rows((1,), (2,)), batch_order=5)["y"].tolist() == [[2], [4]]  # accepted and ignored
+    p.cleanup_batching()

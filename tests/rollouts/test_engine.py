@@ -1,5 +1,6 @@
-"""Rollout engine: layout, ids kept exactly, old log-probs = teacher-forced log-probs, advantages, seeding, errors,
-asynchronous producer (weights copy, sync, staleness, failures)."""
+"""Rollout engine: RolloutBatch layout, ids kept exactly, old log-probs = teacher-forced log-probs, advantages,
+per-row seeding (bit-reproducible with the batcher on), errors, asynchronous producer (weights copy, sync, staleness,
+failures)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import time
 import pytest
 import torch
 
+from lit_llm.data.prompts import tokenize_prompts
+from lit_llm.policy.generation import pad_rows
 from lit_llm.policy.logprobs import model_token_log_probs
-from lit_llm.policy.rollout import AsyncRollouts, RolloutEngine, RolloutError, tokenize_prompts
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardError, RewardFunctions
+from lit_llm.rollouts import AsyncRollouts, RolloutBatch, RolloutEngine, RolloutError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,8 +42,8 @@ def make_engine(model, tokenizer, *, g=4, max_new_tokens=6, temperature=1.0, see
     gen = {"max_new_tokens": max_new_tokens, "temperature": temperature}
     if eos is not None:
         gen["eos_token_id"] = eos
-    policy = TransformersWrapper(model, tokenizer=tokenizer, input_mode="tokens", generate_kwargs=gen,
-                                 batching=kw.pop("batching", None))
+    policy = TransformersWrapper(model, tokenizer=tokenizer, input_mode="tokens", generate_kwargs=gen)
+    kw.setdefault("batching", False)
     rewards = kw.pop("rewards", RewardFunctions([even_reward, answer_len_reward], [1.0, 0.5]))
     return RolloutEngine(policy, tokenizer=tokenizer, reward_fn=rewards, num_generations=g, seed=seed, **kw)
 
@@ -49,59 +52,74 @@ def test_rollout_layout_ids_masks_rewards_advantages(tiny, tokenizer):
     # eos = every id divisible by 5: about 20% of the steps stop a row, so some rows stop and some are truncated.
     eos = list(range(0, len(tokenizer), 5))
     engine = make_engine(tiny, tokenizer, eos=eos)
-    td = engine.rollout(PROMPTS, step=3, version=7)
+    rb = engine.rollout(PROMPTS, step=3, version=7)
     n, g = 12, 4
-    assert td.batch_size == torch.Size([n])
+    assert isinstance(rb, RolloutBatch) and rb.num_rows == n
     prompt_ids = tokenize_prompts(PROMPTS["prompt"], tokenizer)
-    full, attn = td["tokens", "full"], td["masks", "all_attention_mask"]
-    cmask = td["masks", "completion_mask"]
-    assert full.dtype == torch.long and attn.dtype == torch.bool and cmask.dtype == torch.bool
+    # distinct prompts, left-padded, each exactly as rendered
+    assert rb.prompt_ids.shape[0] == 3 and rb.prompt_mask.dtype == torch.bool
+    for k, p in enumerate(prompt_ids):
+        assert torch.equal(rb.prompt_ids[k][rb.prompt_mask[k]], p) and rb.prompt_mask[k, -p.numel():].all()
+    assert rb.prompt_index.tolist() == [k for k in range(3) for _ in range(g)]
+    cmask, comp = rb.completion_mask, rb.completion_ids
+    assert comp.dtype == torch.long and cmask.dtype == torch.bool and torch.equal(rb.loss_mask, cmask)
+    full = rb.full_rows()
     for i in range(n):
-        row = full[i][attn[i]]
-        p = prompt_ids[i // g]
-        plen, clen = int(td["prompt_length"][i]), int(td["completion_length"][i])
-        assert plen == p.numel() and row.numel() == plen + clen
-        assert torch.equal(row[:plen], p)  # tokens.full = prompt ⊕ response, prompt exactly as rendered
-        # left padding: the completion mask is the last clen positions, exactly
-        assert cmask[i].sum() == clen and cmask[i, -clen:].all() and not (cmask[i] & ~attn[i]).any()
-        response = row[plen:]
+        clen = int(cmask[i].sum())
+        assert cmask[i, :clen].all() and not cmask[i, clen:].any()  # right padding
+        response = comp[i, :clen]
+        assert torch.equal(full[i], torch.cat([prompt_ids[i // g], response]))  # prompt ⊕ response, as sampled
         stopped = int(response[-1]) % 5 == 0
-        assert bool(td["truncated"][i]) == (not stopped)
+        assert bool(rb.truncated[i]) == (not stopped)
         if not stopped:
             assert clen == 6
         assert not any(int(t) % 5 == 0 for t in response[:-1])  # the first stop id ends the response
-        assert td["completion"][i] == tokenizer.decode(response.tolist(), skip_special_tokens=True)
-        lp = td["log_probs", "full"][i]
+        assert rb.completion[i] == tokenizer.decode(response.tolist(), skip_special_tokens=True)
+        lp = rb.old_log_probs[i]
         assert (lp[~cmask[i]] == 0).all() and (lp[cmask[i]] < 0).all()
-        assert td["sample_id"][i] == PROMPTS["sample_id"][i // g]
-    assert 0 < int(td["truncated"].sum()) < n, "the test needs both stopped and truncated rows"
-    assert td["group"].tolist() == [k for k in range(3) for _ in range(g)]
-    assert (td["policy_version"] == 7).all()
+        assert rb.sample_id[i] == PROMPTS["sample_id"][i // g]
+    assert 0 < int(rb.truncated.sum()) < n, "the test needs both stopped and truncated rows"
+    assert rb.group.tolist() == [k for k in range(3) for _ in range(g)]
+    assert (rb.policy_version == 7).all()
     # rewards: per function, weighted total, advantages by hand (unbiased std, eps 1e-4)
-    ev = torch.tensor([sum(int(t) % 2 == 0 for t in full[i][cmask[i]]) / int(cmask[i].sum()) for i in range(n)])
-    assert torch.allclose(td["rewards", "even_reward"], ev)
-    texts = list(td["completion"])
+    ev = torch.tensor([sum(int(t) % 2 == 0 for t in comp[i][cmask[i]]) / int(cmask[i].sum()) for i in range(n)])
+    assert torch.allclose(rb.rewards["even_reward"], ev)
+    texts = list(rb.completion)
     al = torch.tensor([float(len(texts[i]) > len(PROMPTS["answer"][i // g])) for i in range(n)])
-    assert torch.equal(td["rewards", "answer_len_reward"], al)
+    assert torch.equal(rb.rewards["answer_len_reward"], al)
     total = ev + 0.5 * al
-    assert torch.allclose(td["reward"], total)
+    assert torch.allclose(rb.reward, total)
     groups = total.view(3, g)
     std = groups.std(dim=1, keepdim=True)
     adv = torch.where(std.isclose(torch.zeros(())), 0.0, (groups - groups.mean(1, keepdim=True)) / (std + 1e-4))
-    assert torch.allclose(td["advantage"], adv.reshape(-1), atol=1e-5)
+    assert torch.allclose(rb.advantage, adv.reshape(-1), atol=1e-5)
     frac_zero = float(std.isclose(torch.zeros(())).float().mean())
-    assert td.get_non_tensor("frac_reward_zero_std") == pytest.approx(frac_zero)
-    assert td.get_non_tensor("generation_time") > 0
+    assert rb.frac_reward_zero_std == pytest.approx(frac_zero)
+    assert rb.generation_time > 0
+
+
+def test_identical_prompts_share_one_prompt_row(tiny, tokenizer):
+    engine = make_engine(tiny, tokenizer, g=2, max_new_tokens=2, rewards=RewardFunctions([even_reward]))
+    rb = engine.rollout({"prompt": ["Same:", "Other:", "Same:"]})
+    assert rb.prompt_ids.shape[0] == 2 and rb.prompt_index.tolist() == [0, 0, 1, 1, 0, 0]
+    assert rb.group.tolist() == [0, 0, 1, 1, 2, 2]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_old_log_probs_equal_teacher_forced(tiny, tokenizer, temperature):
     engine = make_engine(tiny, tokenizer, temperature=temperature)
-    td = engine.rollout(PROMPTS, step=0)
-    tf = model_token_log_probs(tiny, td["tokens", "full"], td["masks", "all_attention_mask"],
-                               temperature=temperature)
-    m = td["masks", "completion_mask"]
-    assert torch.allclose(tf[m], td["log_probs", "full"][m], atol=1e-4, rtol=0)
+    rb = engine.rollout(PROMPTS, step=0)
+    rows = rb.full_rows()
+    ids, attn = pad_rows(rows, 0), pad_rows([torch.ones(r.numel(), dtype=torch.bool) for r in rows], False)
+    tf = model_token_log_probs(tiny, ids, attn, temperature=temperature)
+    for i in range(len(rows)):
+        c = int(rb.completion_lengths[i])
+        assert torch.allclose(tf[i, -c:], rb.old_log_probs[i, :c], atol=1e-4, rtol=0)
+
+
+def _same(a: RolloutBatch, b: RolloutBatch) -> bool:
+    return all(torch.equal(getattr(a, k), getattr(b, k)) for k in
+               ("prompt_ids", "completion_ids", "completion_mask", "old_log_probs", "reward", "advantage"))
 
 
 def test_sync_rollouts_bit_reproducible_and_rng_untouched(tiny, tokenizer):
@@ -109,16 +127,28 @@ def test_sync_rollouts_bit_reproducible_and_rng_untouched(tiny, tokenizer):
     torch.manual_seed(123)
     a = engine.rollout(PROMPTS, step=5)
     after_a = torch.rand(3)
-    torch.manual_seed(123)
+    torch.manual_seed(321)  # another global stream: per-row generators never read it
     b = engine.rollout(PROMPTS, step=5)
-    after_b = torch.rand(3)
     torch.manual_seed(123)
     expected = torch.rand(3)
-    assert torch.equal(a["tokens", "full"], b["tokens", "full"])
-    assert torch.equal(a["log_probs", "full"], b["log_probs", "full"])
-    assert torch.equal(after_a, expected) and torch.equal(after_b, expected)  # caller's RNG stream untouched
+    assert _same(a, b)
+    assert torch.equal(after_a, expected)  # caller's RNG stream untouched
     c = engine.rollout(PROMPTS, step=6)
-    assert not torch.equal(c["tokens", "full"], a["tokens", "full"])
+    assert not torch.equal(c.completion_ids, a.completion_ids)
+
+
+def test_batcher_workers_are_bit_identical_to_one_call(tiny, tokenizer):
+    """One worker thread per prompt group, served by the batcher: one shared forward batch per rollout, and the
+    rollout equals the direct (unbatched) call bit for bit, run after run."""
+    direct = make_engine(tiny, tokenizer, batching=False).rollout(PROMPTS, step=2)
+    engine = make_engine(tiny, tokenizer, batching=True)
+    runs = [engine.rollout(PROMPTS, step=2) for _ in range(2)]
+    version = engine.batched_policy(12)
+    state = version.get_batching_state()
+    assert state["batching_enabled"] and state["batches_run"] == 2 and state["rows_run"] == 24
+    assert engine.num_policy_calls == 6  # 3 workers (one per group) x 2 rollouts
+    assert _same(runs[0], runs[1]) and _same(runs[0], direct)
+    version.cleanup_batching(flush=True)
 
 
 def test_rollout_errors(tiny, tokenizer):
@@ -144,17 +174,11 @@ def test_rollout_errors(tiny, tokenizer):
         bad.rollout({"prompt": ["a"]})
 
 
-def test_workers_through_batcher_match_layout(tiny, tokenizer):
-    engine = make_engine(tiny, tokenizer, num_workers=3, batching=True, seed=None)
-    engine.policy._min_batch_size = 1
-    td = engine.rollout(PROMPTS)
-    state = engine.policy.get_batching_state()
-    engine.policy.cleanup_batching(flush=True)
-    assert td.batch_size == torch.Size([12]) and state["batching_enabled"] and state["rows_run"] == 12
-    prompt_ids = tokenize_prompts(PROMPTS["prompt"], tokenizer)
-    for i in range(12):
-        row = td["tokens", "full"][i][td["masks", "all_attention_mask"][i]]
-        assert torch.equal(row[: prompt_ids[i // 4].numel()], prompt_ids[i // 4])
+def test_fewer_workers_than_groups(tiny, tokenizer):
+    engine = make_engine(tiny, tokenizer, batching=True, num_workers=2)
+    rb = engine.rollout(PROMPTS, step=1)
+    assert engine.num_policy_calls == 2 and _same(rb, make_engine(tiny, tokenizer).rollout(PROMPTS, step=1))
+    engine.batched_policy(12).cleanup_batching(flush=True)
 
 
 def _batches(k):
@@ -170,14 +194,14 @@ def test_async_producer_copy_sync_and_staleness(tiny, tokenizer):
     assert producer.engine.model is not trained  # a separate copy of the weights
     it = iter(producer)
     first = next(it)
-    assert first.batch_size == torch.Size([4]) and int(first["policy_version"][0]) == 0
+    assert first.num_rows == 4 and int(first.policy_version[0]) == 0
     with torch.no_grad():  # "train": change the weights, then sync them as version 1
         for p in trained.parameters():
             p.add_(0.01)
     producer.sync_weights(trained, 1)
     versions = []
     for td in it:
-        versions.append(int(td["policy_version"][0]))
+        versions.append(int(td.policy_version[0]))
         producer.set_trainer_version(1)
     assert producer.num_produced == 6
     assert versions and versions[-1] == 1  # later batches come from the synced weights

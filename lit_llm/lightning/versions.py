@@ -1,0 +1,210 @@
+"""``PolicyVersionSwitch``: the one callback that owns the policy's generate and log-prob versions during training.
+
+A training module (:class:`~lit_llm.lightning.module.PolicyModule`) wraps its causal LM once as a TorchRL-style
+:class:`~lit_llm.policy.TransformersWrapper` and hands the **generate version** to this callback, which derives the
+**log-prob version** with ``get_new_version(generate=False)`` (same weights, teacher-forced, scores at the sampling
+temperature). The module adds the callback itself in ``configure_callbacks()``, so ``--trainer.callbacks`` can never
+drop it. It is the only place where:
+
+* the model switches to generation: :meth:`PolicyVersionSwitch.generating` (eval mode, no grad, KV cache) and back
+  to training mode;
+* rollouts are produced (GRPO): in synchronous mode at ``on_train_batch_start`` by the rollout engine over the
+  generate version (rollout workers served by the threaded batcher), in asynchronous mode by a background producer
+  over a copy of the weights that this callback owns, syncs every ``sync_every`` optimizer steps and bounds in
+  staleness (``max_staleness``: older rollouts are dropped, jointly on every rank); either way the rollout is handed
+  to the module's loss, which scores it with :attr:`PolicyVersionSwitch.log_prob_version`'s masked distribution;
+* greedy answers are generated (evaluation, :class:`~lit_llm.lightning.callbacks.ValidationSamples`): through
+  ``get_new_version(greedy settings)`` of the generate version.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor
+
+from lit_llm.rollouts import AsyncRollouts, RolloutBatch, RolloutEngine, policy_responses
+
+__all__ = ["PolicyVersionSwitch", "StatefulAsyncRollouts"]
+
+
+class StatefulAsyncRollouts(AsyncRollouts):
+    """:class:`AsyncRollouts` forwarding ``state_dict``/``load_state_dict`` to the prompt loader (the producer runs a
+    few batches ahead, so a resumed asynchronous run skips the prompts that were in flight)."""
+
+    def state_dict(self) -> dict[str, int]:
+        return self.prompts.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.prompts.load_state_dict(state)
+
+
+class PolicyVersionSwitch(Callback):
+    """Owns the generate and log-prob versions of the trained policy (see the module docstring).
+
+    Args:
+        generate_version: the generate version (``TransformersWrapper(..., generate=True)``) over the trained model.
+        engine: GRPO's :class:`~lit_llm.rollouts.RolloutEngine` over ``generate_version`` (``None``: no rollouts,
+            e.g. SFT).
+        rollout_mode: ``"sync"`` (rollouts from the trained weights, produced at each batch start) or ``"async"``
+            (a background producer over a copy of the weights).
+        sync_every: async: optimizer steps between weight copies to the producer (>= 1).
+        max_staleness: async: drop rollouts generated more than this many optimizer steps ago (>= 0).
+        log_prob_kwargs: extra ``get_new_version`` arguments of the log-prob version (e.g. ``share_prompts``).
+        reference_model: a frozen reference model (KL term); its log-prob version is :attr:`reference_version`.
+
+    Attributes:
+        generate_version, log_prob_version, reference_version (or ``None``), engine, async_rollouts (or ``None``).
+        num_rollouts, num_greedy_calls, num_dropped, num_syncs: counters.
+
+    Raises:
+        ValueError: ``generate_version`` is not a generate version; bad ``rollout_mode`` / ``sync_every`` /
+            ``max_staleness``.
+    """
+
+    def __init__(self, generate_version: Any, *, engine: RolloutEngine | None = None,
+                 rollout_mode: Literal["sync", "async"] = "sync", sync_every: int = 1, max_staleness: int = 1,
+                 log_prob_kwargs: dict[str, Any] | None = None, reference_model: torch.nn.Module | None = None) -> None:
+        if not getattr(generate_version, "generate", False):
+            raise ValueError("PolicyVersionSwitch: generate_version must be a generate version (generate=True).")
+        if rollout_mode not in ("sync", "async"):
+            raise ValueError(f"PolicyVersionSwitch: rollout_mode must be 'sync' or 'async', got {rollout_mode!r}.")
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}.")
+        if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+            raise ValueError(f"max_staleness must be an integer >= 0, got {max_staleness!r}.")
+        self.generate_version = generate_version
+        self.log_prob_version = generate_version.get_new_version(generate=False, batching=False,
+                                                                 **(log_prob_kwargs or {}))
+        self.reference_version = None
+        if reference_model is not None:
+            self.reference_version = type(self.log_prob_version)(reference_model, **{
+                **self.log_prob_version._settings(), **self.log_prob_version._batching_settings()})
+        self.engine, self.rollout_mode = engine, rollout_mode
+        self.sync_every, self.max_staleness = sync_every, max_staleness
+        self.async_rollouts: StatefulAsyncRollouts | None = None
+        self._greedy: dict[int, Any] = {}
+        self._pending: tuple[RolloutBatch | None, int, float] | None = None
+        self.num_rollouts = self.num_greedy_calls = self.num_dropped = self.num_syncs = 0
+
+    # ------------------------------------------------------------------------------------------------ switching
+    @property
+    def model(self) -> torch.nn.Module:
+        """The trained model (shared by both versions)."""
+        return self.generate_version.model
+
+    @contextmanager
+    def generating(self) -> Iterator[Any]:
+        """Switch the trained model to generation (eval mode, no grad) and back to its previous mode on exit.
+
+        Yields:
+            The generate version.
+        """
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                yield self.generate_version
+        finally:
+            model.train(was_training)
+
+    def greedy_version(self, max_new_tokens: int) -> Any:
+        """``generate_version.get_new_version`` with greedy decoding and ``max_new_tokens`` (built once per budget,
+        batching off)."""
+        version = self._greedy.get(max_new_tokens)
+        if version is None:
+            version = self.generate_version.get_new_version(
+                generate_kwargs={"max_new_tokens": int(max_new_tokens), "do_sample": False}, batching=False)
+            self._greedy[max_new_tokens] = version
+        return version
+
+    def greedy(self, prompts: list[Tensor], max_new_tokens: int) -> list[Tensor]:
+        """Greedy response ids (ending with the stop token unless truncated) of ``prompts`` (1-D long ids), on the
+        CPU, generated in eval mode without grad through :meth:`greedy_version`."""
+        self.num_greedy_calls += 1
+        with self.generating():
+            resp, _, _ = policy_responses(self.greedy_version(max_new_tokens), [torch.as_tensor(p) for p in prompts])
+        return [r.cpu() for r in resp]
+
+    # ------------------------------------------------------------------------------------------------ rollouts
+    def rollout(self, batch: Any, step: int) -> RolloutBatch:
+        """Synchronous rollout of a prompt batch at ``step``, from the trained weights (eval mode, no grad)."""
+        if self.engine is None:
+            raise RuntimeError("PolicyVersionSwitch.rollout: no rollout engine (this module does not do rollouts).")
+        with self.generating():
+            rollout = self.engine.rollout(batch, step=step, version=step)
+        self.num_rollouts += 1
+        return rollout
+
+    def wrap_train_loader(self, loader: Any, *, version: int, distributed: bool) -> Any:
+        """The prompt loader itself (sync), or an asynchronous producer over it and a copy of the weights.
+
+        Under DDP the producer drops nothing itself (each rank's thread timing differs, so ranks would drop different
+        batches and fall out of step); :meth:`on_train_batch_start` drops stale batches on all ranks together.
+        """
+        if self.rollout_mode == "sync" or self.engine is None:
+            return loader
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
+        e = self.engine
+        self.async_rollouts = StatefulAsyncRollouts.from_policy(
+            e.policy, loader, max_staleness=2**62 if distributed else self.max_staleness, version=version,
+            tokenizer=e.tokenizer, reward_fn=e.reward_fn, num_generations=e.num_generations,
+            scale_rewards=e.scale_rewards, seed=e.seed, chat_template=e.chat_template, batching=e.batching,
+            num_workers=e.num_workers, rank=e.rank)
+        return self.async_rollouts
+
+    def take_rollout(self, batch: Any, step: int) -> tuple[RolloutBatch | None, int, float]:
+        """The rollout of this training batch, as prepared by :meth:`on_train_batch_start` (or now, when the hook did
+        not run): ``(rollout or None when dropped as stale, staleness, seconds spent getting it)``."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            return pending
+        return self._prepare(None, batch, step)
+
+    def _prepare(self, trainer: Trainer | None, batch: Any, step: int) -> tuple[RolloutBatch | None, int, float]:
+        t0 = time.perf_counter()
+        if not isinstance(batch, RolloutBatch):
+            return self.rollout(batch, step), 0, time.perf_counter() - t0
+        staleness = step - int(batch.policy_version.max())
+        stale = staleness > self.max_staleness
+        if trainer is not None and trainer.world_size > 1:  # one decision for all ranks
+            flag = torch.tensor(float(stale), device=trainer.strategy.root_device)
+            stale = bool(trainer.strategy.reduce(flag, reduce_op="sum") > 0)
+        if stale:
+            self.num_dropped += 1
+            return None, staleness, time.perf_counter() - t0
+        return batch, staleness, time.perf_counter() - t0
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.engine is not None:
+            self.engine.rank = trainer.global_rank  # every rank samples from its own stream
+        if self.reference_version is not None:
+            self.reference_version.model.to(pl_module.device)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.engine is not None:
+            self._pending = self._prepare(trainer, batch, trainer.global_step)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        producer = self.async_rollouts
+        if producer is None:
+            return
+        step = trainer.global_step
+        if step % self.sync_every == 0:
+            producer.sync_weights(self.model, step)
+            self.num_syncs += 1
+        else:
+            producer.set_trainer_version(step)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()

@@ -1,0 +1,9 @@
+"""Rollouts layer: the GRPO rollout layout (:class:`RolloutBatch`), the engine that samples completions with the
+policy's generate version and rewards them (:class:`RolloutEngine`), and the asynchronous producer
+(:class:`AsyncRollouts`). Uses policy, objectives and rewards; never Lightning."""
+
+from lit_llm.rollouts.batch import RolloutBatch
+from lit_llm.rollouts.engine import RolloutEngine, RolloutError, policy_responses, row_seeds
+from lit_llm.rollouts.producer import AsyncRollouts
+
+__all__ = ["AsyncRollouts", "RolloutBatch", "RolloutEngine", "RolloutError", "policy_responses", "row_seeds"]

@@ -1,0 +1,317 @@
+"""GRPO rollouts: prompts -> ``num_generations`` sampled completions -> rewards -> group advantages, as one
+:class:`~lit_llm.rollouts.batch.RolloutBatch`.
+
+:class:`RolloutEngine` drives the **generate** version of a policy (a :class:`~lit_llm.policy.TransformersWrapper` in
+``"tokens"`` input mode, ``generate=True``, sampling settings in its ``generate_kwargs``). Every prompt of a batch is
+one *group* of ``num_generations`` rows; with ``batching`` on (the default of :class:`~lit_llm.lightning.grpo.
+GRPOModule`) one **rollout worker thread per group** (or ``num_workers`` threads sharing the groups) calls the
+generate version, and the wrapper's threaded batcher serves all of them in shared forward passes. The completions are
+decoded (without special tokens, as TRL), scored by the reward functions (:class:`lit_llm.rewards.RewardFunctions`,
+TRL signature) and turned into advantages by :func:`lit_llm.objectives.compute_advantages`. The sampled ids are kept
+exactly (DESIGN.md property 1) and the generation-time log-probs become the old log-probs of the GRPO ratio.
+
+Reproducibility: with ``seed`` set, every row samples from its **own generator** seeded from
+``(seed, step, rank, prompt index, generation index)`` (:func:`row_seeds`; the wrapper's ``"sampling_seed"`` input),
+so a row's sample never depends on the global RNG or on which rows share its forward pass. With batching, the
+batcher waits for all rows of the call (``min_batch_size`` = the call's rows) and orders them by worker
+(``batch_order``), so the shared batch is the one a single call would build: rollouts are bit-reproducible with the
+batcher on, also after a resume and under DDP (each rank has its own stream; rank 0's is the single-process one).
+``seed=None`` samples from the global RNG.
+
+The engine neither switches the model's mode nor owns its weights: :class:`~lit_llm.lightning.versions.
+PolicyVersionSwitch` does (eval mode, no grad, in sync mode the trained weights; in async mode
+:class:`~lit_llm.rollouts.producer.AsyncRollouts` holds a copy).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import torch
+from tensordict import TensorDict, lazy_stack
+from torch import Tensor
+
+from lit_llm.data.prompts import tokenize_prompts
+from lit_llm.objectives.grpo import compute_advantages
+from lit_llm.policy.common import read_rows
+from lit_llm.rollouts.batch import RolloutBatch
+
+__all__ = ["RESERVED_KEYS", "RolloutEngine", "RolloutError", "policy_responses", "row_seeds"]
+
+#: Prompt-batch keys the engine reads itself; every other key is a dataset column passed to the reward functions.
+RESERVED_KEYS = frozenset({"prompt", "prompt_ids", "sample_id"})
+
+#: Seconds the batcher waits for every row of a rollout call before running what it has (a safety net only: the
+#: workers submit within milliseconds; running early would still be correct, only not bit-reproducible).
+ROLLOUT_BATCHING_TIMEOUT = 300.0
+
+RewardCallable = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+
+_MASK64 = (1 << 64) - 1
+
+
+class RolloutError(ValueError):
+    """A prompt batch or a rollout setting is unusable; the message names the key and the fix."""
+
+
+def _mix_seed(seed: int, step: int, rank: int = 0) -> int:
+    """Seed of ``(seed, step, rank)``; rank 0 keeps the single-process value, other ranks are offset by a large odd
+    constant (golden-ratio hash)."""
+    return (int(seed) * 1_000_003 + int(step) * 7919 + int(rank) * 0x9E3779B97F4A7C15) % (2**63 - 1)
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def row_seeds(seed: int, step: int, rank: int, num_prompts: int, num_generations: int) -> Tensor:
+    """Per-row sampling seeds of one rollout: row ``k * G + g`` (prompt ``k``, generation ``g``) gets
+    ``splitmix64(_mix_seed(seed, step, rank) ⊕ hash(k, g)) mod 2**63``.
+
+    Returns:
+        ``[num_prompts * num_generations]`` int64 tensor of seeds in ``[0, 2**63)``.
+    """
+    base = _mix_seed(seed, step, rank)
+    out = [_splitmix64(base ^ _splitmix64((k << 20) + g)) & ((1 << 63) - 1)
+           for k in range(num_prompts) for g in range(num_generations)]
+    return torch.tensor(out, dtype=torch.long)
+
+
+def _columns(batch: Mapping[str, Any], num_prompts: int) -> dict[str, list]:
+    cols = {}
+    for k, v in batch.items():
+        if k in RESERVED_KEYS:
+            continue
+        if isinstance(v, Tensor):
+            v = v.tolist()
+        if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or len(v) != num_prompts:
+            raise RolloutError(f"prompt batch column {k!r} must be a list with one entry per prompt ({num_prompts}), "
+                               f"got {v!r:.120}. Fix the prompt datamodule's collate.")
+        cols[k] = list(v)
+    return cols
+
+
+def policy_responses(policy: Any, prompts: list[Tensor], *, seeds: Tensor | None = None,
+                     batch_order: int | None = None) -> tuple[list[Tensor], list[Tensor], list[bool]]:
+    """Call a tokens-mode generate version on ``prompts`` and read its per-row outputs.
+
+    Args:
+        policy: a :class:`~lit_llm.policy.TransformersWrapper` with ``input_mode="tokens"``, ``generate=True``.
+        prompts: ``N`` 1-D long id tensors (unpadded).
+        seeds: optional ``[N]`` int64 per-row sampling seeds (the wrapper's ``"sampling_seed"`` input).
+        batch_order: the caller's place in a shared batch of the threaded batcher (rollout workers).
+
+    Returns:
+        ``(response_ids, response_log_probs, truncated)``: ``N`` 1-D long tensors, ``N`` 1-D float32 tensors and
+        ``N`` bools.
+
+    Raises:
+        RolloutError: the policy wrote no ``tokens.response`` / ``log_probs.response``.
+    """
+    rows = []
+    for i, p in enumerate(prompts):
+        row = TensorDict({("tokens", "prompt"): p}, batch_size=[])
+        if seeds is not None:
+            row["sampling_seed"] = seeds[i]
+        rows.append(row)
+    td = lazy_stack(rows)
+    out = policy(td) if batch_order is None else policy(td, batch_order=batch_order)
+    resp = read_rows(out, ("tokens", "response"))
+    lps = read_rows(out, ("log_probs", "response"))
+    if resp is None or lps is None:
+        raise RolloutError("the policy wrote no tokens.response / log_probs.response; use the generate version "
+                           "with return_log_probs=True.")
+    return resp, lps, [bool(t) for t in out.get("truncated").reshape(-1).tolist()]
+
+
+class RolloutEngine:
+    """Sample ``num_generations`` completions per prompt with a generate-version policy, reward them, build advantages.
+
+    Args:
+        policy: the generate version: a :class:`~lit_llm.policy.TransformersWrapper` with ``input_mode="tokens"``,
+            ``generate=True`` and ``return_log_probs`` on; its ``generate_kwargs`` hold the sampling settings.
+        tokenizer: the policy's tokenizer (prompt rendering and completion decoding).
+        reward_fn: ``fn(prompts, completions, completion_ids, **columns) -> (total [N], {name: [N]})``, e.g.
+            :class:`lit_llm.rewards.RewardFunctions`.
+        num_generations: completions per prompt ``G`` (>= 2: a group needs a std).
+        scale_rewards: ``"group"``, ``"batch"`` or ``"none"`` (see :func:`~lit_llm.objectives.compute_advantages`).
+        seed: sampling seed (per-row generators, see the module docstring); ``None``: the global RNG.
+        chat_template: template for chat prompts without ``prompt_ids``.
+        batching: serve the rollout workers through the wrapper's threaded batcher (a version of ``policy`` with
+            ``min_batch_size`` = the rows of the call, built once per row count). ``False``: one direct call.
+        num_workers: rollout worker threads with ``batching``; ``None`` = one per prompt group.
+        version: initial policy version (optimizer steps of the weights the policy holds).
+        rank: the process rank under DDP, mixed into the seeds (:class:`GRPOModule` sets it).
+
+    Raises:
+        RolloutError: ``num_generations < 2``, ``num_workers < 1``, a policy that is not a tokens-mode generate
+            version with log-probs.
+    """
+
+    def __init__(self, policy: Any, *, tokenizer: Any, reward_fn: RewardCallable, num_generations: int,
+                 scale_rewards: Literal["group", "batch", "none"] = "group", seed: int | None = 0,
+                 chat_template: str | None = None, batching: bool = True, num_workers: int | None = None,
+                 version: int = 0, rank: int = 0) -> None:
+        if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
+            raise RolloutError(f"num_generations must be an int >= 2 (GRPO compares completions within a group), got "
+                               f"{num_generations!r}; set num_generations to 2 or more.")
+        if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
+                                        or num_workers < 1):
+            raise RolloutError(f"num_workers must be an int >= 1 or None (one per prompt group), got {num_workers!r}.")
+        if not getattr(policy, "generate", False) or getattr(policy, "input_mode", None) != "tokens" \
+                or not getattr(policy, "return_log_probs", True):
+            raise RolloutError("RolloutEngine needs the generate version of the policy in tokens mode with log-probs: "
+                               "policy.get_new_version(generate=True, input_mode='tokens', return_log_probs=True).")
+        self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
+        self.num_generations, self.scale_rewards, self.seed = num_generations, scale_rewards, seed
+        self.chat_template, self.batching, self.num_workers = chat_template, bool(batching), num_workers
+        self.version, self.rank = version, int(rank)
+        self.pad_token_id = int(policy.generation_config.pad_token_id)
+        self.max_new_tokens = int(policy.generation_config.max_new_tokens)
+        self._batched: dict[int, Any] = {}  # rows per call -> batching version of the policy
+        self._lock = threading.Lock()
+        self.num_policy_calls = 0  # calls of the generate version (one per worker and rollout)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model the policy samples from."""
+        return self.policy.model
+
+    def sampling_seed(self, step: int) -> int | None:
+        """The base seed of ``step`` on this :attr:`rank` (``None`` without ``seed``); rows mix in their prompt and
+        generation index (:func:`row_seeds`)."""
+        return None if self.seed is None else _mix_seed(self.seed, step, self.rank)
+
+    def batched_policy(self, rows: int) -> Any:
+        """The version of :attr:`policy` whose batcher runs once ``rows`` rows are queued (built once per count)."""
+        with self._lock:
+            version = self._batched.get(rows)
+            if version is None:
+                version = self.policy.get_new_version(batching=True, min_batch_size=rows, max_batch_size=None,
+                                                      batching_timeout=ROLLOUT_BATCHING_TIMEOUT)
+                self._batched[rows] = version
+            return version
+
+    # -------------------------------------------------------------------------------------------- generation
+    def generate(self, prompts: list[Tensor], seeds: Tensor | None = None) -> tuple[list[Tensor], list[Tensor],
+                                                                                  list[bool]]:
+        """Sample one response per row of ``prompts`` (rows ``[k*G, (k+1)*G)`` are group ``k``).
+
+        With :attr:`batching`, the groups are shared among the worker threads (contiguous, in order) and each worker
+        calls the batching version with its place as ``batch_order``; otherwise one direct call.
+
+        Args:
+            prompts: ``N`` 1-D long id tensors (already repeated per generation).
+            seeds: optional ``[N]`` int64 per-row seeds.
+
+        Returns:
+            ``(response_ids, response_log_probs, truncated)``: ``N`` 1-D long tensors (ending with the stop token
+            unless truncated), ``N`` 1-D float32 tensors (``log_softmax(z / T)`` of each sampled id) and ``N`` bools.
+        """
+        g = self.num_generations
+        n_groups = max(len(prompts) // g, 1)
+        k = min(self.num_workers or n_groups, n_groups)
+        if not self.batching or len(prompts) == 1:
+            self.num_policy_calls += 1
+            return policy_responses(self.policy, prompts, seeds=seeds)
+        policy = self.batched_policy(len(prompts))
+        bounds = [round(i * n_groups / k) * g for i in range(k)] + [len(prompts)]
+
+        def work(i: int) -> tuple[list[Tensor], list[Tensor], list[bool]]:
+            a, b = bounds[i], bounds[i + 1]
+            with self._lock:
+                self.num_policy_calls += 1
+            return policy_responses(policy, prompts[a:b], seeds=None if seeds is None else seeds[a:b],
+                                    batch_order=i)
+
+        with ThreadPoolExecutor(max_workers=k, thread_name_prefix="lit_llm-rollout-worker") as pool:
+            results = list(pool.map(work, range(k)))
+        return ([r for res in results for r in res[0]], [r for res in results for r in res[1]],
+                [r for res in results for r in res[2]])
+
+    # ---------------------------------------------------------------------------------------------- rollouts
+    def rollout(self, batch: Mapping[str, Any], *, step: int = 0, version: int | None = None) -> RolloutBatch:
+        """Build the :class:`RolloutBatch` of ``P`` prompts (``N = P * num_generations`` rows).
+
+        Args:
+            batch: the prompt batch: ``"prompt"`` (``P`` strings or message lists, required: the reward functions
+                receive it), optional ``"prompt_ids"`` (``P`` 1-D long tensors: the rendered prompts, else rendered
+                here), optional ``"sample_id"`` (``P`` strings) and any dataset columns (lists of ``P`` entries,
+                e.g. ``"answer"``), repeated per generation for the reward functions.
+            step: the training step (mixed into the per-row seeds).
+            version: version of the weights (default :attr:`version`), written to ``policy_version``.
+
+        Raises:
+            RolloutError: no ``"prompt"``, an empty batch, a column or ``prompt_ids`` of the wrong length, a prompt
+                that renders to nothing.
+            lit_llm.rewards.RewardError: a reward function raised or returned NaN / the wrong length (names it).
+        """
+        if "prompt" not in batch:
+            raise RolloutError(f"prompt batch has no 'prompt' key (keys: {sorted(batch)}); the prompt datamodule must "
+                               f"provide the prompts (strings or message lists) under 'prompt'.")
+        prompts = list(batch["prompt"])
+        n_prompts, g = len(prompts), self.num_generations
+        if n_prompts == 0:
+            raise RolloutError("prompt batch is empty; give at least one prompt.")
+        ids = batch.get("prompt_ids")
+        if ids is None:
+            try:
+                ids = tokenize_prompts(prompts, self.tokenizer, chat_template=self.chat_template)
+            except ValueError as e:
+                raise RolloutError(str(e)) from e
+        ids = [torch.as_tensor(p, dtype=torch.long).reshape(-1).cpu() for p in ids]
+        if len(ids) != n_prompts:
+            raise RolloutError(f"prompt batch has {len(ids)} 'prompt_ids' for {n_prompts} prompts; give one each.")
+        sample_ids = [str(s) for s in batch.get("sample_id", [f"prompt:{i}" for i in range(n_prompts)])]
+        columns = _columns(batch, n_prompts)
+        rep = [p for p in ids for _ in range(g)]
+        seeds = None if self.seed is None else row_seeds(self.seed, step, self.rank, n_prompts, g)
+
+        t0 = time.perf_counter()
+        resp, resp_lp, truncated = self.generate(rep, seeds)
+        gen_time = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        resp = [r.cpu() for r in resp]
+        texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in resp]
+        chat = [not isinstance(p, str) for p in prompts]
+        completions = [[{"role": "assistant", "content": t}] if chat[i // g] else t for i, t in enumerate(texts)]
+        rep_prompts = [p for p in prompts for _ in range(g)]
+        rep_columns = {k: [v for v in col for _ in range(g)] for k, col in columns.items()}
+        total, per_fn = self.reward_fn(prompts=rep_prompts, completions=completions,
+                                       completion_ids=[r.tolist() for r in resp], **rep_columns)
+        total = torch.as_tensor(total, dtype=torch.float32).reshape(-1)
+        advantages, stats = compute_advantages(total, g, scale_rewards=self.scale_rewards)
+        reward_time = time.perf_counter() - t1
+
+        distinct: dict[tuple[int, ...], int] = {}  # identical prompts share one row of prompt_ids
+        prompt_of_group = [distinct.setdefault(tuple(p.tolist()), len(distinct)) for p in ids]
+        unique = [None] * len(distinct)
+        for p, j in zip(ids, prompt_of_group):
+            unique[j] = p
+        return RolloutBatch.from_rows(
+            prompts=unique, prompt_index=[j for j in prompt_of_group for _ in range(g)], completions=resp,
+            old_log_probs=resp_lp, reward=total, advantage=advantages, truncated=truncated,
+            group=torch.arange(n_prompts).repeat_interleave(g),
+            policy_version=self.version if version is None else version, pad_token_id=self.pad_token_id,
+            rewards=dict(per_fn.items()), sample_id=[s for s in sample_ids for _ in range(g)], completion=texts,
+            generation_time=gen_time, reward_time=reward_time,
+            frac_reward_zero_std=float(stats["frac_reward_zero_std"]))
+
+    # ----------------------------------------------------------------------------------------------- weights
+    @torch.no_grad()
+    def load_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
+        """Copy ``state_dict`` into the sampling model and set :attr:`version` (the asynchronous mode).
+
+        Raises:
+            RuntimeError: the state dict does not match the model (missing / unexpected keys, shapes).
+        """
+        self.model.load_state_dict(state_dict, strict=True)
+        self.version = int(version)

@@ -1,0 +1,182 @@
+"""Asynchronous rollouts: a background thread produces the next rollout batches from a copy of the weights.
+
+The producer iterates the prompt loader and, for each prompt batch, loads the most recently staged weights
+(:meth:`AsyncRollouts.sync_weights`, called every ``sync_every`` optimizer steps by
+:class:`~lit_llm.lightning.versions.PolicyVersionSwitch`) into its own engine's model and calls
+:meth:`~lit_llm.rollouts.engine.RolloutEngine.rollout`. A rollout generated with weights of version ``v`` and consumed
+when the trained policy is at version ``s`` has staleness ``s - v``; the GRPO ratio uses its generation-time
+log-probs, so the staleness is importance-corrected, and rollouts staler than ``max_staleness`` are dropped and
+counted. Reproducible only up to thread timing (which weights a batch is generated with depends on when the sync
+lands).
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_llm.rollouts.batch import RolloutBatch
+from lit_llm.rollouts.engine import RolloutEngine, RolloutError
+
+__all__ = ["AsyncRollouts"]
+
+_STOP = object()
+
+
+class AsyncRollouts:
+    """Iterable of rollout batches produced on a background thread from a separately held copy of the weights.
+
+    The producer thread iterates ``prompts`` (e.g. a prompt ``DataLoader``), and for each prompt batch loads the most
+    recently staged weights (:meth:`sync_weights`) into its engine's model and calls
+    :meth:`RolloutEngine.rollout`; at most ``queue_size`` finished batches wait. Iterating yields them in order;
+    a batch whose staleness ``trainer_version - policy_version`` exceeds ``max_staleness`` is dropped and counted
+    in :attr:`num_dropped`. The trainer side reports its version with :meth:`set_trainer_version` (and
+    :meth:`sync_weights`). An exception in the producer is re-raised by the next ``next()`` with its traceback.
+
+    Note: the engine must own its model (``copy.deepcopy`` of the trained one, see :meth:`from_policy`). With a
+    ``seed`` its rows sample from per-row generators (never the process RNG), seeded by the producer's batch count.
+
+    Args:
+        engine: a :class:`RolloutEngine` over the copy of the weights.
+        prompts: an iterable of prompt batches (re-iterated by every ``iter()``, i.e. every epoch).
+        max_staleness: the largest accepted ``trainer_version - policy_version`` (0 = only rollouts from the current
+            weights; note that a dataloader that prefetches one batch makes most rollouts at least 1 step old).
+        queue_size: finished batches kept ahead (>= 1).
+
+    Raises:
+        RolloutError: ``max_staleness < 0`` or ``queue_size < 1``.
+    """
+
+    def __init__(self, engine: RolloutEngine, prompts: Iterable[Mapping[str, Any]], *, max_staleness: int = 1,
+                 queue_size: int = 1) -> None:
+        if max_staleness < 0 or queue_size < 1:
+            raise RolloutError(f"AsyncRollouts: max_staleness must be >= 0 and queue_size >= 1, got {max_staleness}, "
+                               f"{queue_size}.")
+        self.engine, self.prompts = engine, prompts
+        self.max_staleness, self.queue_size = max_staleness, queue_size
+        self.trainer_version = engine.version
+        self.num_dropped = 0
+        self.num_produced = 0
+        self._staged: tuple[dict[str, Tensor], int] | None = None
+        self._lock = threading.Lock()
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_policy(cls, policy: Any, prompts: Iterable[Mapping[str, Any]], *, max_staleness: int = 1,
+                    queue_size: int = 1, version: int = 0, **engine_kwargs: Any) -> AsyncRollouts:
+        """Build an engine over a deep copy of ``policy.model`` (same wrapper settings) and wrap it.
+
+        Args:
+            policy: the generate version (see :class:`RolloutEngine`); its model is copied, not shared.
+            prompts, max_staleness, queue_size: see the class.
+            version: version of the weights being copied.
+            **engine_kwargs: :class:`RolloutEngine` keyword arguments.
+        """
+        model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+        settings = {**policy._settings(), **policy._batching_settings()}
+        twin = type(policy)(model, **settings)
+        engine = RolloutEngine(twin, **engine_kwargs, version=version)
+        return cls(engine, prompts, max_staleness=max_staleness, queue_size=queue_size)
+
+    def __len__(self) -> int:
+        return len(self.prompts)  # type: ignore[arg-type]
+
+    # ----------------------------------------------------------------------------------------- trainer side
+    @torch.no_grad()
+    def sync_weights(self, source: torch.nn.Module | Mapping[str, Tensor], version: int) -> None:
+        """Stage a copy of the trained weights; the producer loads them before its next batch.
+
+        Args:
+            source: the trained model (or its state dict); tensors are cloned now, so training may go on.
+            version: the trained policy's version (optimizer steps), also recorded as the trainer version.
+        """
+        state = source.state_dict() if isinstance(source, torch.nn.Module) else source
+        staged = {k: v.detach().clone() for k, v in state.items()}
+        with self._lock:
+            self._staged = (staged, int(version))
+        self.set_trainer_version(version)
+
+    def set_trainer_version(self, version: int) -> None:
+        """Record the trained policy's current version (staleness is measured against it)."""
+        self.trainer_version = int(version)
+
+    def staleness(self, rollout: RolloutBatch) -> int:
+        """``trainer_version - policy_version`` of a rollout batch."""
+        return self.trainer_version - int(rollout.policy_version.max())
+
+    # -------------------------------------------------------------------------------------------- producer
+    def _produce(self, it: Iterator[Mapping[str, Any]], q: queue.Queue, stop: threading.Event) -> None:
+        step = 0
+        try:
+            for batch in it:
+                if stop.is_set():
+                    return
+                with self._lock:
+                    staged, self._staged = self._staged, None
+                if staged is not None:
+                    self.engine.load_weights(*staged)
+                td = self.engine.rollout(batch, step=step)
+                step += 1
+                self.num_produced += 1
+                while not stop.is_set():
+                    try:
+                        q.put(td, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # handed to the consumer
+            q.put(e)
+            return
+        q.put(_STOP)
+
+    def __iter__(self) -> Iterator[RolloutBatch]:
+        """Start a producer over a fresh ``iter(prompts)`` (stopping any previous one) and yield its batches."""
+        self.close()
+        stop, q = threading.Event(), queue.Queue(maxsize=self.queue_size)
+        self._stop, self._queue = stop, q
+        self._thread = threading.Thread(target=self._produce, args=(iter(self.prompts), q, stop),
+                                        name="lit_llm-async-rollouts", daemon=True)
+        self._thread.start()
+        return self._consume(q)
+
+    def _consume(self, q: queue.Queue) -> Iterator[RolloutBatch]:
+        while True:
+            item = q.get()
+            if item is _STOP:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if self.staleness(item) > self.max_staleness:
+                self.num_dropped += 1
+                continue
+            yield item
+
+    def close(self) -> None:
+        """Stop the producer thread (after its current batch) and forget the queue."""
+        if self._thread is not None:
+            self._stop.set()
+            q = self._queue
+            while self._thread.is_alive():
+                if q is not None:
+                    try:
+                        q.get_nowait()
+                    except queue.Empty:
+                        pass
+                self._thread.join(timeout=0.05)
+            self._thread = None
+        self._queue = None
+
+    def __del__(self) -> None:
+        try:
+            self._stop.set()
+        except Exception:
+            pass
+
