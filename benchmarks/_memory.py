@@ -1,4 +1,5 @@
-"""Peak-memory helpers shared by the benchmarks (Linux ``/proc``): current RSS, ``VmHWM`` reset."""
+"""Helpers shared by the benchmarks (Linux ``/proc``): current RSS, ``VmHWM`` reset, and the machine line every
+benchmark prints first (CPU model, the flags that decide bf16 speed, cores, threads)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,25 @@ def release_and_reset_peak() -> int:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return status_kb("VmRSS") * 1024
+
+
+def machine_line() -> str:
+    """``"CPU: <model>; flags: avx2 avx512f avx512_bf16 amx_bf16 ...; <n> cores; torch threads <t>"``: the CPU facts
+    that decide whether bf16 is native (AVX512-BF16 / AMX) or emulated (AVX2 only: bf16 several times slower)."""
+    import os
+
+    import torch
+
+    model, flags = "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in flags]
+    return (f"CPU: {model}; flags: {' '.join(shown) or 'none of avx2/avx512f/avx512_bf16/amx'}; "
+            f"{os.cpu_count()} cores; torch threads {torch.get_num_threads()}")

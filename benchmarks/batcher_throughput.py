@@ -21,6 +21,7 @@ import threading
 import time
 
 import torch
+from _memory import machine_line
 from tensordict import TensorDict, lazy_stack
 
 from lit_llm.data.containers import Tokens
@@ -109,6 +110,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--skip-real", action="store_true", help="only the tiny-model latency part")
     args = parser.parse_args()
+    print(machine_line(), flush=True)
     tokenizer = load_tokenizer()
     print(f"torch threads: {torch.get_num_threads()}, device: {args.device}")
     tiny = tiny_model(tokenizer).to(args.device)

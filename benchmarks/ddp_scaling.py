@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _memory import machine_line
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -80,6 +82,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="OMP threads per process (0 = cores / processes)")
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
+    print(machine_line(), flush=True)
     load = os.getloadavg()
     print(f"# model={args.model} batch/process={args.batch_size} max_length={args.max_length} "
           f"cores={os.cpu_count()} load before={load[0]:.2f},{load[1]:.2f},{load[2]:.2f}")

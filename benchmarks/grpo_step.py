@@ -36,6 +36,7 @@ import time
 from functools import partial
 
 import torch
+from _memory import machine_line
 from lightning.pytorch import Callback, Trainer
 
 from lit_llm.lightning.grpo import GRPOModule
@@ -109,9 +110,9 @@ def run_trl(precision: str, steps: int, prompts: int, generations: int, max_new_
 
 
 def run_parts(model: str, prompts: int, generations: int, max_new_tokens: int) -> None:
-    """Print the seconds of one rollout and of one forward+backward of its rows (shared prompts on / off)."""
+    """Print the seconds of one rollout and of one forward+backward of its rows (shared prompts on / off), through
+    the objects training runs: the engine's rollout (batcher on) and the log-prob version's masked distribution."""
     from lit_llm.data.arithmetic import arithmetic_prompts
-    from lit_llm.policy.logprobs import completion_log_probs
 
     module = GRPOModule(model, reward_funcs=REWARDS, num_generations=generations, max_new_tokens=max_new_tokens,
                         temperature=1.0, micro_batch_size=prompts * generations, log_samples_every=0)
@@ -120,21 +121,20 @@ def run_parts(model: str, prompts: int, generations: int, max_new_tokens: int) -
     rollout = None
     for bf16 in (False, True, False, True):
         t = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), module.versions.generating():
             rollout = module.engine.rollout(batch, step=0)
         print(f"rollout {'bf16' if bf16 else 'fp32'}: {time.perf_counter() - t:.2f} s "
-              f"(generation {rollout.get_non_tensor('generation_time'):.2f} s)", flush=True)
+              f"(generation {rollout.generation_time:.2f} s)", flush=True)
     mbs = module.micro_batches(rollout)
-    shapes = [(tuple(mb["prompt_ids"].shape), tuple(mb["completion_ids"].shape)) for mb in mbs]
-    print(f"micro-batches (prompts, completions): {shapes}; full rows {tuple(rollout['tokens', 'full'].shape)}")
+    shapes = [(tuple(mb.prompt_ids.shape), tuple(mb.completion_ids.shape)) for mb in mbs]
+    print(f"micro-batches (prompts, completions): {shapes}")
     for share in (True, False):
+        scorer = module.versions.log_prob_version.get_new_version(share_prompts=share)
         for bf16 in (False, True, False, True):
             t = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 for mb in mbs:
-                    lp = completion_log_probs(module.model, mb["prompt_ids"], mb["prompt_mask"],
-                                              mb["completion_ids"], mb["completion_mask"], mb["prompt_index"],
-                                              share_prompts=share)
+                    lp, ent = scorer.get_dist(mb.policy_inputs()).log_prob_and_entropy(mb.completion_ids)
                     lp.sum().backward()
             module.model.zero_grad(set_to_none=True)
             print(f"forward+backward, share_prompts={share}, {'bf16' if bf16 else 'fp32'}: "
@@ -166,6 +166,8 @@ def main() -> None:
     p.add_argument("--parts", action="store_true", help="time one rollout and one forward+backward instead")
     p.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)  # one measurement, in a child
     a = p.parse_args()
+    if not a.worker:
+        print(machine_line(), flush=True)
     if a.parts:
         run_parts(a.model, a.prompts, a.generations, a.max_new_tokens)
         return

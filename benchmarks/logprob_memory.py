@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from _memory import GB
+from _memory import GB, machine_line
 from _memory import release_and_reset_peak as _release_and_reset_peak
 from _memory import status_kb as _status_kb
 
@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--backward", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if not args.worker:
+        print(machine_line(), flush=True)
     if args.worker:
         print(json.dumps(worker(args)))
         return

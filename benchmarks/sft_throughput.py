@@ -42,7 +42,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from _memory import GB
+from _memory import GB, machine_line
 from _memory import release_and_reset_peak as _release_and_reset_peak
 from _memory import status_kb as _status_kb
 
@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         print(json.dumps(worker(args)))
         return
+    print(machine_line(), file=sys.stderr, flush=True)
     results = []
     for precision in [x for x in args.precisions.split(",") if x]:
         for impl in [x for x in args.impls.split(",") if x]:

@@ -83,6 +83,14 @@ class DDPProbe(Callback):
                 vocab = int(pl_module.model.get_output_embeddings().weight.shape[0])
                 eos = tuple(range(vocab)) if rank == 0 else ()
                 engine.policy.generation_config = dataclasses.replace(cfg, eos_token_ids=eos)
+                batched_policy = engine.batched_policy
+
+                def skewed(rows: int) -> Any:  # the batcher's version of the generate version stops alike
+                    version = batched_policy(rows)
+                    version.generation_config = dataclasses.replace(version.generation_config, eos_token_ids=eos)
+                    return version
+
+                engine.batched_policy = skewed
         if rank == 0:
             launcher = getattr(trainer.strategy, "launcher", None)
             atexit.register(self._write_children, list(getattr(launcher, "procs", []) or []))
@@ -112,12 +120,12 @@ class DDPProbe(Callback):
         rec = dict(self._pending)
         td, self._last_rollout = self._last_rollout, None
         if td is not None:
-            rec["sample_ids"] = list(td["sample_id"])
-            rec["groups"] = td["group"].tolist()
-            rec["tokens"] = float(td["masks", "completion_mask"].sum())
-            rec["completion_lengths"] = td["completion_length"].tolist()
-            rec["truncated"] = td["truncated"].tolist()
-            rec["completions"] = list(td["completion"])
+            rec["sample_ids"] = list(td.sample_id)
+            rec["groups"] = td.group.tolist()
+            rec["tokens"] = float(td.loss_mask.sum())
+            rec["completion_lengths"] = td.completion_lengths.tolist()
+            rec["truncated"] = td.truncated.tolist()
+            rec["completions"] = list(td.completion)
         rec["global_step"] = trainer.global_step
         rec["hash"] = weights_hash(pl_module.model)
         self.record["steps"].append(rec)
