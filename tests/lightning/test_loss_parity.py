@@ -40,6 +40,19 @@ def assert_same_grads(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
         torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
 
 
+def check_module_path(module, mbs, old_losses, old_grads, kl_key: str, with_kl: bool) -> None:
+    """The module's own step (step count, then each micro-batch's loss through the log-prob version's distribution)
+    gives the same losses and accumulated gradients as the kernel path."""
+    new = []
+    for mb in mbs:
+        loss, stats = module.micro_batch_loss(mb, module.step_denominator(mbs).float())
+        loss.backward()
+        new.append(loss.detach())
+        assert (kl_key in stats) == with_kl
+    torch.testing.assert_close(torch.stack(new), torch.stack(old_losses), rtol=1e-6, atol=1e-6)
+    assert_same_grads(grads(module.model), old_grads)
+
+
 @pytest.fixture
 def sft_micro_batches(tmp_path, tokenizer):
     path = tmp_path / "rows.jsonl"
@@ -81,14 +94,7 @@ def test_sft_heads_equal_the_kernel_path(sft_micro_batches, head, normalization,
         loss.backward()
         old.append(loss.detach())
     old_grads = grads(model)
-    new = []
-    for mb in mbs:
-        loss, stats = module.micro_batch_loss(mb, module.step_denominator(mbs).float())
-        loss.backward()
-        new.append(loss.detach())
-        assert ("kl" in stats) == bool(kl_coef)
-    torch.testing.assert_close(torch.stack(new), torch.stack(old), rtol=1e-6, atol=1e-6)
-    assert_same_grads(grads(model), old_grads)
+    check_module_path(module, mbs, old, old_grads, "kl", bool(kl_coef))
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo", "bnpo"])
@@ -138,11 +144,4 @@ def test_grpo_loss_types_equal_the_kernel_path(loss_type, mask_truncated, beta, 
         loss.backward()
         old.append(loss.detach())
     old_grads = grads(model)
-    new = []
-    for mb in mbs:
-        loss, stats = module.micro_batch_loss(mb, module.step_denominator(mbs).float())
-        loss.backward()
-        new.append(loss.detach())
-        assert ("kl_sum" in stats) == bool(beta)
-    torch.testing.assert_close(torch.stack(new), torch.stack(old), rtol=1e-6, atol=1e-6)
-    assert_same_grads(grads(model), old_grads)
+    check_module_path(module, mbs, old, old_grads, "kl_sum", bool(beta))
