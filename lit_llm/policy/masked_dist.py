@@ -5,7 +5,7 @@ largest tensor of a training step (8 x 512 x 49,152 fp32 = 805 MB for SmolLM2, s
 subclass holds the backbone's final hidden states ``[..., T, H]`` aligned to the tokens they predict (see
 :func:`~lit_llm.policy.logprobs.token_hidden_states`) plus the LM head, and answers :meth:`log_prob`,
 :meth:`entropy` and :meth:`log_prob_and_entropy` with the chunked kernel
-:func:`~lit_llm.policy.logprobs.chunked_token_log_probs`: only masked-in positions go through the head, ``chunk_size``
+:func:`~lit_llm.policy.kernel.chunked_token_log_probs`: only masked-in positions go through the head, ``chunk_size``
 rows at a time, and the backward pass recomputes each chunk's logits. Everything else of the base class (``logits``,
 ``probs``, ``mode``, ``sample``, ``masked_logits``) works by materialising the logits on demand.
 """
@@ -17,7 +17,7 @@ import torch.distributions as D
 from torch import Tensor
 
 from lit_llm.distributions import LLMMaskedCategorical, _check_mask
-from lit_llm.policy.logprobs import IGNORE_INDEX, _check_scalars, chunked_token_log_probs
+from lit_llm.policy.kernel import IGNORE_INDEX, _check_scalars, chunked_token_log_probs
 
 __all__ = ["ChunkedLLMMaskedCategorical"]
 
@@ -46,7 +46,7 @@ class ChunkedLLMMaskedCategorical(LLMMaskedCategorical):
         temperature: logits are divided by it (> 0), as in sampling.
         chunk_size: hidden-state rows per LM-head chunk (>= 1); peak extra memory ~ ``chunk_size * V * 4`` bytes.
         matmul_dtype: dtype of the LM-head matmuls (``None`` = fp32, or fp64 for fp64 inputs; see
-            :func:`~lit_llm.policy.logprobs.chunked_token_log_probs`). Softmax and reductions are fp32 either way.
+            :func:`~lit_llm.policy.kernel.chunked_token_log_probs`). Softmax and reductions are fp32 either way.
         ignore_index: the id that ``sample``/``mode`` put at masked positions (default -100).
 
     Attributes:

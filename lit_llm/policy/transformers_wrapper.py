@@ -9,7 +9,8 @@ property 1). The masked distributions of the log-prob version (``get_dist`` / ``
 ``get_generic_dist``, masks from ``head_mask``) are
 :class:`~lit_llm.policy.masked_dist.ChunkedLLMMaskedCategorical` over the backbone's hidden states (one backbone pass,
 the chunked LM head on masked-in positions only); see :meth:`LLMWrapperBase.get_dist` for the dense, ragged and GRPO
-prompt/completion layouts.
+prompt/completion layouts. How the log-prob version reads its input (full ids, assistant masks, prompt lengths, the
+distribution layout) is :class:`~lit_llm.policy.inputs.LogProbInputsMixin`.
 
 Output keys (defaults): ``text`` (:class:`Text`, history/text modes), ``tokens`` (:class:`Tokens`), ``masks``
 (:class:`Masks`), ``log_probs`` (:class:`LogProbs`), ``history`` (:class:`ChatHistory`, history mode) and, for
@@ -18,35 +19,20 @@ generation, ``truncated`` (``[B]`` bool, TorchRL's name: the row hit ``max_new_t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from tensordict import NestedKey, TensorDict, TensorDictBase, lazy_stack
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import Tensor
 
-from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens, template_display_name
-from lit_llm.data.errors import check_prefix
-from lit_llm.policy.common import (
-    DistLayout,
-    LLMWrapperBase,
-    _dense,
-    _flatten,
-    _key,
-    _present,
-    _real_rows,
-    read_rows,
-    read_strings,
-)
-from lit_llm.policy.generation import (
-    check_token_ids,
-    generate_tokens,
-    pad_rows,
-    resolve_generation_config,
-    row_seed,
-    standardize_generate_kwargs,
-)
+from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens
+from lit_llm.policy.common import LLMWrapperBase
+from lit_llm.policy.dists import DistLayout
+from lit_llm.policy.generation import generate_tokens, pad_rows, resolve_generation_config, standardize_generate_kwargs
+from lit_llm.policy.inputs import LogProbInputsMixin
 from lit_llm.policy.logprobs import completion_hidden_states, lm_head, model_token_log_probs, token_hidden_states
+from lit_llm.policy.rows import _key, read_rows, read_strings
+from lit_llm.policy.sampling import row_seed
 
 __all__ = ["SAMPLING_SEED_KEY", "TransformersWrapper"]
 
@@ -54,7 +40,7 @@ __all__ = ["SAMPLING_SEED_KEY", "TransformersWrapper"]
 SAMPLING_SEED_KEY = "sampling_seed"
 
 
-class TransformersWrapper(LLMWrapperBase):
+class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
     """A transformers causal LM wrapped as a tensordict module (TorchRL's ``TransformersWrapper`` API).
 
     Args:
@@ -96,7 +82,7 @@ class TransformersWrapper(LLMWrapperBase):
     Sampling seeds (generate version): when the input has the per-row key ``"sampling_seed"`` (an integer, int64
     recommended: ``[B]`` dense, or a 0-d entry per row of a lazy stack), sample ``k`` of row ``b`` (``k = 0`` without
     ``num_samples``) samples from its own generator seeded with
-    :func:`row_seed(sampling_seed[b], k) <lit_llm.policy.generation.row_seed>`
+    :func:`row_seed(sampling_seed[b], k) <lit_llm.policy.sampling.row_seed>`
     (:func:`~lit_llm.policy.generation.generate_tokens` ``seeds=``): its ids depend only on that seed and its own
     logits, not on the other rows of the batch or the global RNG. Without the key, sampling uses the global RNG. The
     key is left in the output like any other input entry. Under threaded batching, rows with and without the key
@@ -335,150 +321,6 @@ class TransformersWrapper(LLMWrapperBase):
         return {"prompt": prompts, "response": responses, "full": fulls}
 
     # ---------------------------------------------------------------------------------------------- log-probs
-    def _full_inputs(self, td: TensorDictBase) -> tuple[list[Tensor], list[Tensor] | None, list[int] | None]:
-        """Per-row full ids, assistant masks (history mode) and prompt lengths (when the input has ``tokens.prompt``).
-
-        ``tokens.full`` in the input wins in every mode (never re-tokenised; in tokens mode the ids are read at
-        ``input_key``, ``tokens.full`` by default); a dense ``[B, T]`` one is unpadded with
-        ``masks.all_attention_mask``, which ``tokens.padded=True`` requires.
-
-        Raises:
-            ValueError: the input key is missing; padded ids without their attention mask.
-        """
-        attn_key = self._k(self.masks_key, "all_attention_mask")
-        ids_key = self.input_key if self.input_mode == "tokens" else self._k(self.tokens_key, "full")
-        self._check_not_padded_without_mask(td, ids_key, attn_key)
-        full = read_rows(td, ids_key, attention_key=attn_key)
-        asst = None
-        if full is None:
-            if self.input_mode == "history":
-                rendered = self._render_full(td)
-                full = [r[0] for r in rendered]
-                asst = [r[1] for r in rendered]
-            elif self.input_mode == "text":
-                texts = read_strings(td, self.input_key)
-                if texts is None:
-                    raise self._missing(td, self.input_key, "full strings, or tokens.full")
-                full = [self._encode(t) for t in texts]
-            else:
-                raise self._missing(td, self.input_key, "full ids, 1-D per row")
-        full = [f.long() for f in full]
-        prompt_lens = self._input_prompt_lengths(td, full)
-        if self.input_mode == "history" and asst is None:
-            asst = self._assistant_for_ids(td, full, prompt_lens)
-        return full, asst, prompt_lens
-
-    def _render_full(self, td: TensorDictBase, key: NestedKey | None = None) -> list[tuple[Tensor, Tensor]]:
-        key = key or self.input_key
-        hist = td.get(key, None)
-        if hist is None:
-            raise self._missing(td, key, "full History [B, n_messages], or tokens.full")
-        return [self._render_ids(h, add_generation_prompt=False) for h in hist.unbind(0)]
-
-    def _render_ids(self, history: Any, *, add_generation_prompt: bool) -> tuple[Tensor, Tensor]:
-        """One conversation's ids ``[T]`` (long) and assistant mask ``[T]`` (bool; all False without assistant)."""
-        has_assistant = "assistant" in list(history.role)
-        enc = history.apply_chat_template(self.tokenizer, chat_template=self.chat_template,
-                                          add_generation_prompt=add_generation_prompt,
-                                          return_assistant_tokens_mask=has_assistant)
-        ids = enc["input_ids"].long()
-        mask = enc["assistant_masks"].bool() if has_assistant else torch.zeros(ids.numel(), dtype=torch.bool)
-        return ids, mask
-
-    def _assistant_for_ids(self, td: TensorDictBase, full: list[Tensor],
-                           prompt_lens: list[int] | None) -> list[Tensor]:
-        """Assistant masks aligned to given ``tokens.full`` ids (history mode).
-
-        Order: (1) ``masks.all_assistant_mask`` of the input when its rows match the ids' lengths (the generate
-        version writes it); (2) the render of ``history.full`` when its ids start with the given ids and the rest
-        holds no assistant token (e.g. ChatML's trailing ``"\\n"``); (3) the response positions after
-        ``tokens.prompt``.
-
-        Raises:
-            ValueError: none of these applies (the message names the keys to provide).
-        """
-        given = read_rows(td, self._k(self.masks_key, "all_assistant_mask"),
-                          attention_key=self._k(self.masks_key, "all_attention_mask"))
-        if given is not None and all(g.numel() == f.numel() for g, f in zip(given, full)):
-            return [g.bool().to(f.device) for g, f in zip(given, full)]
-        out: list[Tensor] = []
-        rendered = self._render_full(td) if td.get(self.input_key, None) is not None else None
-        for b, f in enumerate(full):
-            if rendered is not None:
-                ids, mask = rendered[b]
-                n = f.numel()
-                if ids.numel() >= n and torch.equal(ids[:n].to(f.device), f) and not bool(mask[n:].any()):
-                    out.append(mask[:n].to(f.device))
-                    continue
-            if prompt_lens is not None:
-                m = torch.zeros(f.numel(), dtype=torch.bool, device=f.device)
-                m[prompt_lens[b]:] = True
-                out.append(m)
-                continue
-            raise ValueError(
-                f"{type(self).__name__}: row {b}: cannot align an assistant mask with the given tokens.full (its ids "
-                f"differ from the render of {self.input_key!r}). Pass masks.all_assistant_mask or tokens.prompt "
-                f"with tokens.full (the generate version's output has both)."
-            )
-        return out
-
-    def _input_prompt_lengths(self, td: TensorDictBase, full: list[Tensor]) -> list[int] | None:
-        """Prompt lengths from ``tokens.prompt`` (checked to be a prefix of each full row), or ``None``."""
-        key = self._k(self.tokens_key, "prompt")
-        try:
-            dense_padded = isinstance(td.get(key, None), Tensor) and self._tokens_padded(td)
-        except Exception:  # a ragged lazy stack cannot be stacked: unpadded rows
-            dense_padded = False
-        rows = read_rows(td, key)
-        if rows is None:
-            return None
-        out = []
-        for b, (p, f) in enumerate(zip(rows, full)):
-            p = p.to(f.device)
-            if dense_padded:
-                out.append(_unpad_left_prefix(p, f, b))
-                continue
-            check_prefix(p, f, template_name=f"tokens.prompt vs tokens.full (row {b})")
-            out.append(p.numel())
-        return out
-
-    def _prompt_lengths(self, td: TensorDictBase, full_rows: Callable[[], list[Tensor]]) -> list[int] | None:
-        """Prompt lengths from ``tokens.prompt``, else (history mode) from rendering ``history.full`` minus its last
-        message with the generation prompt; ``None`` when neither is in the input (``full_rows`` is then not called).
-
-        Raises:
-            ValueError: a conversation that does not end with an assistant message.
-            PrefixMismatchError: the prompt ids are not a prefix of the full ids (DESIGN.md property 2).
-        """
-        has_history = self.input_mode == "history" and td.get(self.input_key, None) is not None
-        if not has_history and not _present(td, self._k(self.tokens_key, "prompt")):
-            return None
-        full_rows = full_rows()
-        lens = self._input_prompt_lengths(td, full_rows)
-        if lens is not None or not has_history:
-            return lens
-        lens = []
-        for b, (h, f) in enumerate(zip(td.get(self.input_key).unbind(0), full_rows)):
-            roles = list(h.role)
-            last = max(i for i, r in enumerate(roles) if r != "<none>")
-            if roles[last] != "assistant":
-                raise ValueError(f"get_sft_dist: row {b} of {self.input_key!r} ends with a {roles[last]!r} message; "
-                                 f"the SFT head trains on the final assistant reply. End every conversation with an "
-                                 f"assistant message, or use get_rlhf_dist (every assistant turn).")
-            p = h[:last].apply_chat_template(self.tokenizer, chat_template=self.chat_template,
-                                             add_generation_prompt=True, return_dict=False)
-            name = template_display_name(self.chat_template)
-            check_prefix(p.to(f.device), f, template_name=f"{name} (row {b})")
-            lens.append(p.numel())
-        return lens
-
-    def _padded_full(self, full: list[Tensor]) -> tuple[Tensor, Tensor]:
-        check_token_ids(self.model, full, what=f"{type(self).__name__} (log-prob version): tokens.full")
-        dev = self.device
-        ids = pad_rows([f.to(dev) for f in full], self.generation_config.pad_token_id, side="left")
-        attn = pad_rows([torch.ones(f.numel(), dtype=torch.bool, device=dev) for f in full], False, side="left")
-        return ids, attn
-
     def _log_probs(self, td: TensorDictBase) -> tuple[dict, None]:
         full, asst, prompt_lens = self._full_inputs(td)
         ids, attn = self._padded_full(full)
@@ -506,67 +348,6 @@ class TransformersWrapper(LLMWrapperBase):
         return res, None
 
     # ---------------------------------------------------------------------------------------------- distributions
-    def _dist_layout(self, tensordict: TensorDictBase) -> DistLayout:
-        """Ids and masks of :meth:`get_dist`'s layout (dense as given, ragged left-padded, or GRPO), no forward."""
-        if "completion_ids" in tensordict.keys():
-            return self._completion_layout(tensordict, self.device)
-        single = tensordict.batch_dims == 0
-        if single:
-            flat = lazy_stack([tensordict])
-        elif tensordict.batch_dims == 2:
-            flat = _flatten(tensordict)
-        elif tensordict.batch_dims == 1:
-            flat = tensordict
-        else:
-            raise ValueError(f"{type(self).__name__}: input batch_size must be [], [B] or [B, n] for a "
-                             f"distribution, got {list(tensordict.batch_size)}.")
-        dense = self._dense_full(flat)
-        if dense is not None:
-            ids, attn, asst = dense
-        else:
-            full, asst_rows, _ = self._full_inputs(flat)
-            ids, attn = self._padded_full(full)
-            if asst_rows is None:  # outside history mode: an assistant mask given with the ids (e.g. by a dataset)
-                given = read_rows(flat, self._k(self.masks_key, "all_assistant_mask"),
-                                  attention_key=self._k(self.masks_key, "all_attention_mask"))
-                if given is not None and all(g.numel() == f.numel() for g, f in zip(given, full)):
-                    asst_rows = given
-            asst = None if asst_rows is None else pad_rows([a.to(self.device).bool() for a in asst_rows], False,
-                                                           side="left")
-        return DistLayout(tokens=ids, attention_mask=attn, assistant_mask=asst, source=flat, single=single)
-
-    def _dense_full(self, td: TensorDictBase) -> tuple[Tensor, Tensor, Tensor | None] | None:
-        """The dense fast path: ``(ids, attention mask, assistant mask or None)`` as given, or ``None`` when the input
-        has no dense ``[B, T]`` full ids with a dense attention mask of the same shape.
-
-        Raises:
-            ValueError: an attention mask that is not bool/0-1, or ids a model cannot score (named row).
-        """
-        ids_key = self.input_key if self.input_mode == "tokens" else self._k(self.tokens_key, "full")
-        attn_key = self._k(self.masks_key, "all_attention_mask")
-        ids, attn = _dense(td, ids_key), _dense(td, attn_key)
-        if ids is None or attn is None or ids.dim() != 2 or attn.shape != ids.shape:
-            return None
-        if attn.dtype != torch.bool and (attn.dtype.is_floating_point or attn.dtype.is_complex
-                                         or bool(((attn != 0) & (attn != 1)).any())):
-            raise ValueError(f"{type(self).__name__}: {attn_key!r} must be a bool (or 0/1 integer) [B, T] mask "
-                             f"aligned with {ids_key!r}; got dtype {attn.dtype}. Pass attention_mask.bool().")
-        dev = self.device
-        ids, attn = ids.to(dev), attn.to(dev).bool()
-        if _dense_ids_need_check(self.model, ids, attn):  # one vectorised test; the per-row check names the culprit
-            check_token_ids(self.model, _real_rows(ids, attn),
-                            what=f"{type(self).__name__} (log-prob version): {ids_key!r}")
-        asst = _dense(td, self._k(self.masks_key, "all_assistant_mask"))
-        if asst is not None and asst.shape == ids.shape:
-            return ids, attn, asst.to(dev).bool() & attn
-        if self.input_mode != "history":
-            return ids, attn, None
-        rows = _real_rows(ids, attn)
-        asst_rows = self._assistant_for_ids(td, rows, self._input_prompt_lengths(td, rows))
-        asst = torch.zeros_like(attn)
-        asst[attn] = torch.cat([a.to(dev).bool() for a in asst_rows])
-        return ids, attn, asst
-
     def _dist_hidden_states(self, layout: DistLayout) -> tuple[Tensor, Tensor, Tensor | None]:
         weight, bias = lm_head(self.model)
         c = layout.completion
@@ -597,38 +378,3 @@ class TransformersWrapper(LLMWrapperBase):
                           [a.to(self.device) for a in asst], False, side="left"))
         return TensorDict({"logits": aligned, self.tokens_key: Tokens(full=ids, padded=True, batch_size=batch),
                            self.masks_key: masks}, batch_size=batch)
-
-
-def _dense_ids_need_check(model: Any, ids: Tensor, attn: Tensor) -> bool:
-    """Whether dense ``[B, T]`` ids might fail :func:`check_token_ids` (non-integer ids, an empty row, an id outside
-    the vocabulary, a row longer than the context), tested on the whole tensor with one device sync."""
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        return True
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    vocab = getattr(emb, "num_embeddings", None) or getattr(getattr(model, "config", None), "vocab_size", None)
-    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    lengths = attn.sum(-1)
-    bad = (lengths == 0).any()
-    if vocab is not None:
-        bad |= (attn & ((ids < 0) | (ids >= vocab))).any()
-    if context is not None and lengths.numel():
-        bad |= lengths.max() > context
-    return bool(bad)
-
-
-def _unpad_left_prefix(prompt_row: Tensor, full_row: Tensor, row: int) -> int:
-    """Length of the real prompt in a left-padded dense ``prompt_row``: the longest suffix that is a prefix of
-    ``full_row`` (padding cannot be read from ids, as pad == eos; a row whose prompt starts with the pad id is
-    only ambiguous when the pad run also matches, and the longest match is taken).
-
-    Raises:
-        ValueError: no suffix matches (pass unpadded tokens).
-    """
-    width = prompt_row.numel()
-    matches = [p for p in range(1, min(width, full_row.numel()) + 1)
-               if torch.equal(prompt_row[width - p:], full_row[:p])]
-    if not matches:
-        raise ValueError(f"row {row}: the left-padded tokens.prompt is not a prefix of tokens.full; pass unpadded "
-                         f"tokens (pad_output=False).")
-    return max(matches)
-

@@ -1,0 +1,347 @@
+"""Masked next-token distributions of the log-prob version: ``get_dist``, the ``get_*_dist`` heads, ``head_mask``.
+
+:class:`MaskedDistributionsMixin` is the distribution half of :class:`~lit_llm.policy.common.LLMWrapperBase`, which
+inherits it (TorchRL's names, including the ``_get_dist_with_*`` aliases). The input's :class:`DistLayout` (ids and
+masks, no forward pass) gives a ``[B, T]`` mask (a loss head, an explicit mask or a mask key), then one backbone pass
+gives :class:`~lit_llm.policy.masked_dist.ChunkedLLMMaskedCategorical` over hidden states (no ``[B, T, V]`` logits).
+:meth:`MaskedDistributionsMixin.head_mask` gives a head's mask without a forward pass, so training code counts a
+step's denominator before any backward (DESIGN.md property 6); the SFT head's prompt is a prefix of the full ids or
+an error (property 2) and its response ends at the stop token (properties 3 and 5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from tensordict import NestedKey, TensorDictBase
+from torch import Tensor
+
+from lit_llm.policy.rows import _dense, _key, _real_rows
+
+__all__ = ["COMPLETION_KEYS", "DistLayout", "HEADS", "MaskedDistributionsMixin"]
+
+
+class MaskedDistributionsMixin:
+    """The ``get_dist`` family of :class:`~lit_llm.policy.common.LLMWrapperBase` (see the module docstring).
+
+    Subclasses implement :meth:`_dist_layout`, :meth:`_dist_hidden_states` and :meth:`_prompt_lengths`. The host
+    class provides ``generate``, ``input_key``, ``tokens_key``, ``masks_key`` (set by ``LLMWrapperBase._init_common``)
+    and ``_run_exclusive`` (:class:`~lit_llm.policy.batching.BatchingMixin`).
+    """
+
+    # ------------------------------------------------------------------------------------------------ dists
+    # Every get_*_dist and head_mask goes: _dist_layout (ids, masks; no forward pass) -> a [B, T] mask ->
+    # _make_dist (one backbone pass in _dist_hidden_states, then ChunkedLLMMaskedCategorical).
+    temperature: float = 1.0
+    chunk_size: int = 1024
+
+    def _check_dist_version(self, name: str) -> None:
+        if self.generate:
+            raise NotImplementedError(f"{name} needs the log-prob version (generate=False); use "
+                                      f"get_new_version(generate=False).")
+
+    def get_dist(self, tensordict: TensorDictBase, *, mask: Tensor | None = None, mask_key: NestedKey | None = None,
+                 **kwargs: Any):
+        """Masked next-token distribution of the log-prob version, computed from hidden states (no ``[B, T, V]``).
+
+        Returns a :class:`~lit_llm.policy.masked_dist.ChunkedLLMMaskedCategorical` built from one backbone pass
+        (:func:`~lit_llm.policy.logprobs.token_hidden_states`; with autograd when grad is enabled in the caller, at
+        the wrapper's ``temperature`` and ``chunk_size``), so ``dist.log_prob(dist.tokens)[:, t] = log p(x_t | x_<t)``
+        on masked-in positions (= ``log_probs.full``) and 0.0 elsewhere; ``log_prob``/``entropy``/
+        ``log_prob_and_entropy`` run the chunked LM head on the masked-in positions only. ``dist.logits`` (and
+        ``forward(td, logits_only=True)``) are the only paths that materialise full logits.
+
+        Layouts (``dist.tokens`` is the ``[B, T]`` ids the positions refer to):
+
+        * **dense**: the input holds a dense ``tokens.full [B, T]`` (in ``"tokens"`` mode: the ``input_key``) and a
+          dense ``masks.all_attention_mask [B, T]`` (bool or 0/1, one contiguous block per row): they are used as
+          they are, left- or right-padded, and ``dist.tokens`` is that tensor (on the wrapper's device);
+        * **ragged / history / text** inputs: the rows are left-padded, as ``log_probs.full`` with ``pad_output=True``;
+        * **prompt/completion (GRPO)**, detected by the top-level key ``"completion_ids"``: the input holds
+          ``prompt_ids [P, Lp]`` (left-padded), ``prompt_mask [P, Lp]``, ``completion_ids [N, Lc]`` (right-padded),
+          ``completion_mask [N, Lc]``, ``prompt_index [N]`` and optionally ``loss_mask [N, Lc]`` (default
+          ``completion_mask``). The dist is over ``[N, Lc]`` (``dist.tokens = completion_ids``, default mask
+          ``loss_mask & completion_mask``) and its hidden states come from
+          :func:`~lit_llm.policy.logprobs.completion_hidden_states` with the wrapper's ``share_prompts``. Prompt
+          tokens are never scored in this layout.
+
+        An input of batch shape ``[]`` gives a dist over ``[T]``; ``[B, n]`` is flattened to ``[B * n, T]``.
+
+        Args:
+            tensordict: the log-prob version's input (see the class docstring and the layouts above).
+            mask: an explicit ``[B, T]`` bool mask in the layout above (``[T]`` for a ``[]`` input; ``[N, Lc]`` for
+                the GRPO layout). Wins over ``mask_key``.
+            mask_key: ``(masks_key, "all_attention_mask")`` or ``(masks_key, "all_assistant_mask")`` (the layout's
+                own masks), or a key of the input holding a dense mask of the layout's shape (e.g. ``"loss_mask"``).
+            **kwargs: ignored (TorchRL signature).
+
+        Every mask is intersected with the positions that have a prediction: each row's first real token and
+        padding are never scored (their hidden states are zeros); in the GRPO layout, with ``completion_mask``.
+        Default mask: every real token but each row's first (the generic head), or ``loss_mask`` (GRPO layout).
+
+        Returns:
+            ``ChunkedLLMMaskedCategorical`` with ``.tokens`` set (long ``[B, T]``).
+
+        Raises:
+            NotImplementedError: called on the generate version.
+            ValueError: ``mask`` has the wrong shape or dtype; ``mask_key`` is absent or not of the layout's shape;
+                missing GRPO keys; see also the log-prob version's input errors.
+        """
+        self._check_dist_version("get_dist")
+        layout = self._dist_layout(tensordict)
+        if mask is not None:
+            chosen = self._explicit_mask(layout, mask, "get_dist", "mask")
+        elif mask_key is not None:
+            chosen = self._mask_from_key(layout, mask_key, "get_dist")
+        else:
+            chosen = self._head_mask(layout, "generic", "get_dist")
+        return self._make_dist(layout, chosen)
+
+    def head_mask(self, tensordict: TensorDictBase, head: Literal["sft", "rlhf", "generic"]) -> Tensor:
+        """The ``[B, T]`` bool mask that ``get_<head>_dist(tensordict)`` uses, **without any forward pass**.
+
+        Training code counts its step denominator from it (DESIGN.md property 6) before any backward. Positions are
+        those of :meth:`get_dist`'s layout (dense input as given, ragged input left-padded, ``[N, Lc]`` for the GRPO
+        layout, ``[T]`` for a ``[]`` input). Heads:
+
+        * ``"generic"``: every attended token except each row's first (it has no prediction);
+        * ``"rlhf"``: ``masks.all_assistant_mask & attended & not first`` (every assistant turn);
+        * ``"sft"``: the response of the last turn: the tokens after the prompt, where the prompt is (1)
+          ``tokens.prompt`` when the input has it (checked to be a prefix of ``tokens.full``, DESIGN.md property 2),
+          else (2) in history mode the render of ``history.full`` minus its last message with the generation prompt,
+          else (3) when only an assistant mask is known, the response is the **last contiguous run of assistant
+          tokens** of each row (by DESIGN.md property 3 exactly the final turn's tokens after its generation prompt
+          through its stop token). With an assistant mask the response ends at the row's last assistant token, so a
+          separator the template renders after the stop token (ChatML's ``"\\n"``) is out (property 5).
+        * GRPO layout: every head gives ``loss_mask & completion_mask``.
+
+        A row with no trainable token gives an all-False row.
+
+        Args:
+            tensordict: the log-prob version's input.
+            head: ``"sft"``, ``"rlhf"`` or ``"generic"``.
+
+        Returns:
+            ``[B, T]`` torch.bool on the wrapper's device, equal to ``get_<head>_dist(tensordict).mask``.
+
+        Raises:
+            NotImplementedError: called on the generate version.
+            ValueError: unknown ``head``; ``"rlhf"`` without an assistant mask; ``"sft"`` with no way to find the
+                prompt (no ``tokens.prompt``, no history, no assistant mask); a conversation not ending with an
+                assistant message (history mode).
+            PrefixMismatchError: the prompt ids are not a prefix of ``tokens.full`` (DESIGN.md property 2).
+        """
+        self._check_dist_version("head_mask")
+        if head not in HEADS:
+            raise ValueError(f"head_mask: unknown head {head!r}; choose one of {HEADS}.")
+        layout = self._dist_layout(tensordict)
+        out = self._head_mask(layout, head, f"head_mask({head!r})")
+        return out[0] if layout.single else out
+
+    def _head_dist(self, tensordict: TensorDictBase, head: str, name: str):
+        self._check_dist_version(name)
+        layout = self._dist_layout(tensordict)
+        return self._make_dist(layout, self._head_mask(layout, head, name))
+
+    def _get_dist_with_attention_mask(self, tensordict: TensorDictBase, **kwargs: Any):
+        """Generic head: every attended token but each row's first (TorchRL name); see :meth:`head_mask`."""
+        return self._head_dist(tensordict, "generic", "get_generic_dist")
+
+    def _get_dist_with_assistant_mask(self, tensordict: TensorDictBase, **kwargs: Any):
+        """RLHF head: the assistant tokens of every turn, ``masks.all_assistant_mask`` (TorchRL name); see
+        :meth:`head_mask`.
+
+        Raises:
+            ValueError: no assistant mask (``input_mode`` is not ``"history"`` and the input carries none).
+        """
+        return self._head_dist(tensordict, "rlhf", "get_rlhf_dist")
+
+    def _get_dist_with_prompt_mask(self, tensordict: TensorDictBase, **kwargs: Any):
+        """SFT head: the response tokens only (after the prompt, stop token included; TorchRL name); see
+        :meth:`head_mask` for how the prompt is found.
+
+        Raises:
+            PrefixMismatchError: the prompt ids are not a prefix of ``tokens.full`` (DESIGN.md property 2).
+            ValueError: no way to know the prompt (no ``tokens.prompt``, no history, no assistant mask).
+        """
+        return self._head_dist(tensordict, "sft", "get_sft_dist")
+
+    def _prompt_lengths(self, td: TensorDictBase, full_rows: Callable[[], list[Tensor]]) -> list[int] | None:
+        """Per-row prompt lengths of the unpadded full ids (``full_rows()``, only called when needed), or ``None``
+        when the input does not tell."""
+        raise NotImplementedError
+
+    def get_sft_dist(self, tensordict: TensorDictBase, **kwargs: Any):
+        """Prompt-masked distribution (response tokens only); see :meth:`_get_dist_with_prompt_mask`."""
+        return self._get_dist_with_prompt_mask(tensordict, **kwargs)
+
+    def get_rlhf_dist(self, tensordict: TensorDictBase, **kwargs: Any):
+        """Assistant-masked distribution; see :meth:`_get_dist_with_assistant_mask`."""
+        return self._get_dist_with_assistant_mask(tensordict, **kwargs)
+
+    def get_generic_dist(self, tensordict: TensorDictBase, **kwargs: Any):
+        """Attention-masked distribution; see :meth:`_get_dist_with_attention_mask`."""
+        return self._get_dist_with_attention_mask(tensordict, **kwargs)
+
+    _get_sft_dist = get_sft_dist
+    _get_rlhf_dist = get_rlhf_dist
+    _get_generic_dist = get_generic_dist
+
+    # --- dist internals -----------------------------------------------------------------------------------------
+    def _dist_layout(self, tensordict: TensorDictBase) -> DistLayout:
+        """The :class:`DistLayout` of a log-prob input (subclasses; no forward pass)."""
+        raise NotImplementedError
+
+    def _dist_hidden_states(self, layout: DistLayout) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(hidden [B, T, H] aligned to layout.tokens, head weight [V, H], head bias [V] or None)`` (subclasses)."""
+        raise NotImplementedError
+
+    def _make_dist(self, layout: DistLayout, mask: Tensor):
+        from lit_llm.policy.masked_dist import ChunkedLLMMaskedCategorical
+
+        device_type = layout.tokens.device.type
+        autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        # with batching on, the backbone runs on the worker thread (never beside a shared batch): carry the caller's
+        # grad mode and autocast there, as both are thread-local
+        hidden, weight, bias = self._run_exclusive(layout, self._dist_hidden_in_context, grad=torch.is_grad_enabled(),
+                                                   autocast=autocast)
+        tokens = layout.tokens
+        if layout.single:
+            hidden, mask, tokens = hidden[0], mask[0], tokens[0]
+        dist = ChunkedLLMMaskedCategorical(hidden, weight, mask, bias=bias, temperature=self.temperature,
+                                           chunk_size=self.chunk_size)
+        dist.tokens = tokens
+        return dist
+
+    def _dist_hidden_in_context(self, layout: DistLayout, *, grad: bool, autocast: torch.dtype | None):
+        device_type = layout.tokens.device.type
+        amp = torch.autocast(device_type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
+        with torch.set_grad_enabled(grad), amp:
+            return self._dist_hidden_states(layout)
+
+    def _scorable(self, layout: DistLayout) -> Tensor:
+        """``[B, T]`` bool: the positions that have a prediction."""
+        if layout.completion is not None:
+            return layout.attention_mask
+        attn = layout.attention_mask
+        return attn & (attn.long().cumsum(-1) > 1)
+
+    def _head_mask(self, layout: DistLayout, head: str, name: str) -> Tensor:
+        if layout.completion is not None:
+            return layout.completion["loss_mask"]
+        scorable = self._scorable(layout)
+        if head == "generic":
+            return scorable
+        asst = layout.assistant_mask
+        if head == "rlhf":
+            if asst is None:
+                raise ValueError(f"{name}: no assistant mask at {(*_key(self.masks_key), 'all_assistant_mask')}; it "
+                                 f"comes from input_mode='history' or from the generate version's output. Pass "
+                                 f"masks.all_assistant_mask, or use the generic/sft head.")
+            return asst & scorable
+        attn = layout.attention_mask
+        lens = self._prompt_lengths(layout.source, lambda: _real_rows(layout.tokens, attn))
+        if lens is None:
+            if asst is None:
+                raise ValueError(
+                    f"{name}: the prompt is unknown: pass {(*_key(self.tokens_key), 'prompt')} with the full ids, "
+                    f"use input_mode='history' with {self.input_key!r}, or pass "
+                    f"{(*_key(self.masks_key), 'all_assistant_mask')} (the last run of assistant tokens of each row "
+                    f"is the response).")
+            return _last_run(asst & attn) & scorable
+        rank = attn.long().cumsum(-1) - 1  # index of each token inside its row's real tokens
+        mask = scorable & (rank >= torch.as_tensor(lens, device=attn.device)[:, None])
+        if asst is not None:  # end at the last assistant token (the stop token), not at a separator after it
+            pos = torch.arange(attn.shape[-1], device=attn.device).expand_as(attn)
+            last = torch.where(asst & mask, pos, torch.full_like(pos, -1)).amax(-1)
+            mask &= (pos <= last[:, None]) | (last < 0)[:, None]
+        return mask
+
+    def _explicit_mask(self, layout: DistLayout, mask: Any, name: str, what: str) -> Tensor:
+        shape = tuple(layout.tokens.shape)
+        if isinstance(mask, Tensor) and layout.single and tuple(mask.shape) == shape[1:]:
+            mask = mask.unsqueeze(0)
+        if not isinstance(mask, Tensor) or mask.dtype.is_floating_point or tuple(mask.shape) != shape:
+            got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+            want = list(shape[1:]) if layout.single else list(shape)
+            raise ValueError(f"{name}: {what} must be a bool (or 0/1 integer) tensor of shape {want} aligned with "
+                             f"dist.tokens (see get_dist for the layout); got {got}.")
+        return mask.to(layout.tokens.device).bool() & self._scorable(layout)
+
+    def _mask_from_key(self, layout: DistLayout, mask_key: NestedKey, name: str) -> Tensor:
+        key = _key(mask_key)
+        if layout.completion is None and key == (*_key(self.masks_key), "all_attention_mask"):
+            return self._scorable(layout)
+        if layout.completion is None and key == (*_key(self.masks_key), "all_assistant_mask"):
+            if layout.assistant_mask is None:
+                raise ValueError(f"{name}: mask_key {mask_key!r}: the input has no assistant mask (it comes from "
+                                 f"input_mode='history' or the generate version's output).")
+            return layout.assistant_mask & self._scorable(layout)
+        value = _dense(layout.source, key)
+        if value is None:
+            raise ValueError(f"{name}: mask_key {mask_key!r} is not a dense mask of the input (keys: "
+                             f"{sorted(map(str, layout.source.keys(True, True)))}); pass mask=... instead.")
+        return self._explicit_mask(layout, value, name, f"the mask at {mask_key!r}")
+
+    def _completion_layout(self, td: TensorDictBase, device: torch.device | None) -> DistLayout:
+        """The GRPO prompt/completion layout (see :meth:`get_dist`); full checks run with the backbone pass."""
+        missing = [k for k in COMPLETION_KEYS if k not in td.keys()]
+        if missing:
+            raise ValueError(f"get_dist: the prompt/completion layout (detected by the top-level key "
+                             f"'completion_ids') needs the keys {list(COMPLETION_KEYS)}; missing {missing}. Provide "
+                             f"them, or drop 'completion_ids' to score full sequences.")
+        c = {k: td.get(k) for k in COMPLETION_KEYS}
+        if not all(isinstance(v, Tensor) for v in c.values()):
+            raise ValueError(f"get_dist: the prompt/completion keys {list(COMPLETION_KEYS)} must hold tensors.")
+        c = {k: v.to(device) for k, v in c.items()}
+        ids, cmask = c["completion_ids"], c["completion_mask"]
+        if ids.dim() != 2 or cmask.shape != ids.shape or cmask.dtype.is_floating_point:
+            raise ValueError(f"get_dist: completion_ids and completion_mask must be [N, Lc] (ids long, mask bool or "
+                             f"0/1); got {list(ids.shape)} {ids.dtype} and {list(cmask.shape)} {cmask.dtype}.")
+        cmask = c["completion_mask"] = cmask.bool()
+        layout = DistLayout(tokens=ids, attention_mask=cmask, assistant_mask=None, source=td, completion=c)
+        loss = td.get("loss_mask", None)
+        c["loss_mask"] = cmask if loss is None else self._explicit_mask(layout, loss, "get_dist", "loss_mask")
+        return layout
+
+
+HEADS = ("sft", "rlhf", "generic")
+"""Loss heads of :meth:`LLMWrapperBase.head_mask` (and ``get_sft_dist`` / ``get_rlhf_dist`` / ``get_generic_dist``)."""
+
+COMPLETION_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "prompt_index")
+"""Top-level keys of the GRPO prompt/completion layout of :meth:`LLMWrapperBase.get_dist` (plus optional
+``loss_mask``)."""
+
+
+@dataclass
+class DistLayout:
+    """Where a log-prob version's distribution lives; built from the input without any forward pass.
+
+    Attributes:
+        tokens: ``[B, T]`` integer ids the distribution's positions refer to (``dist.tokens``).
+        attention_mask: ``[B, T]`` bool, real tokens (GRPO layout: ``completion_mask``).
+        assistant_mask: ``[B, T]`` bool in the same layout, or ``None`` when unknown.
+        source: the input (``[B]``-flattened for full sequences), for prompt lookups and ``mask_key``.
+        single: the input had batch shape ``[]``: the dist is over ``[T]`` (row 0).
+        completion: the GRPO layout's tensors (``COMPLETION_KEYS`` plus the effective ``loss_mask``), else ``None``.
+    """
+
+    tokens: Tensor
+    attention_mask: Tensor
+    assistant_mask: Tensor | None
+    source: TensorDictBase
+    single: bool = False
+    completion: dict[str, Tensor] | None = None
+
+
+def _last_run(mask: Tensor) -> Tensor:
+    """``[B, T]`` bool: the last contiguous run of True of each row (all False for a row without any)."""
+    pos = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
+    none = torch.full_like(pos, -1)
+    last = torch.where(mask, pos, none).amax(-1, keepdim=True)
+    start = torch.where(~mask & (pos < last), pos, none).amax(-1, keepdim=True) + 1
+    return mask & (pos >= start) & (pos <= last)
