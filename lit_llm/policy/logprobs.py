@@ -41,7 +41,7 @@ def _backbone_and_head(model, name: str = "model_token_log_probs"):
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if backbone is None or head is None or not hasattr(head, "weight"):
         raise ValueError(
-            f"{name}: {type(model)._name__} must be an HF causal LM with a backbone (model.model or "
+            f"{name}: {type(model).__name__} must be an HF causal LM with a backbone (model.model or "
             f"model.get_decoder()) and a linear head (model.get_output_embeddings()); pass an AutoModelForCausalLM."
         )
     return backbone, head

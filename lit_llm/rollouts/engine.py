@@ -37,7 +37,8 @@ from torch import Tensor
 
 from lit_llm.data.prompts import tokenize_prompts
 from lit_llm.objectives.grpo import compute_advantages
-from lit_llm.policy.common import read_rows
+from lit_llm.policy.rows import read_rows
+from lit_llm.policy.sampling import _splitmix64
 from lit_llm.rollouts.batch import RolloutBatch
 
 __all__ = ["RESERVED_KEYS", "RolloutEngine", "RolloutError", "policy_responses", "row_seeds"]
@@ -51,9 +52,6 @@ ROLLOUT_BATCHING_TIMEOUT = 300.0
 
 RewardCallable = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
-_MASK64 = (1 << 64) - 1
-
-
 class RolloutError(ValueError):
     """A prompt batch or a rollout setting is unusable; the message names the key and the fix."""
 
@@ -62,13 +60,6 @@ def _mix_seed(seed: int, step: int, rank: int = 0) -> int:
     """Seed of ``(seed, step, rank)``; rank 0 keeps the single-process value, other ranks are offset by a large odd
     constant (golden-ratio hash)."""
     return (int(seed) * 1_000_003 + int(step) * 7919 + int(rank) * 0x9E3779B97F4A7C15) % (2**63 - 1)
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 
 
 def row_seeds(seed: int, step: int, rank: int, num_prompts: int, num_generations: int) -> Tensor:
