@@ -27,6 +27,7 @@ from lit_llm.lightning.callbacks import StepCheckpoint
 from lit_llm.lightning.cli import default_loggers
 from lit_llm.lightning.grpo import GRPOModule
 from lit_llm.lightning.grpo_data import GRPODataModule
+from lit_llm.lightning.precision import PRECISION_VALUES, explain_precision
 
 REWARDS = ["lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
            "lit_llm.rewards:strict_number_format_reward"]
@@ -48,7 +49,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=10, help="optimizer steps between greedy evaluations")
     p.add_argument("--checkpoint-every", type=int, default=20, help="optimizer steps between checkpoints")
     p.add_argument("--num-eval", type=int, default=200, help="held-out problems for greedy evaluation")
-    p.add_argument("--precision", default="bf16-mixed", help="bf16-mixed or 32-true")
+    p.add_argument("--precision", default="auto", choices=list(dict.fromkeys(map(str, PRECISION_VALUES))),
+                   metavar="PRECISION",
+                   help="auto: bf16-mixed where bf16 matmuls are native (GPU with bf16, CPU with AVX512-BF16 or AMX), "
+                        "else 32-true; or force 32-true, bf16-mixed, ...")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wandb", action=argparse.BooleanOptionalAction, default=True,
                    help="add an offline WandbLogger next to the CSV one")
@@ -82,8 +86,11 @@ def build(argv: Sequence[str] | None = None) -> tuple[GRPOModule, GRPODataModule
     # 3. The Trainer: one batch = one optimizer step; greedy evaluation before training and every eval_every steps;
     #    CSV (+ W&B) logs and a checkpoint every checkpoint_every steps plus last.ckpt, as the CLI writes them. No
     #    ValidationSamples callback: the evaluation logs its own samples (the config's samples.num_samples is 0).
+    #    Precision "auto" resolves as the CLI's does: bf16-mixed where bf16 matmuls are native, else 32-true.
+    precision, line = explain_precision(args.precision, accelerator="auto")
+    print(line)
     trainer_kwargs: dict[str, Any] = dict(
-        default_root_dir=str(out), accelerator="auto", devices=1, precision=args.precision,
+        default_root_dir=str(out), accelerator="auto", devices=1, precision=precision,
         max_steps=args.max_steps, max_time=args.max_time, log_every_n_steps=1,
         val_check_interval=args.eval_every, check_val_every_n_epoch=None, num_sanity_val_steps=-1,
         enable_progress_bar=True, logger=default_loggers(str(out), wandb=args.wandb),

@@ -25,6 +25,7 @@ from lit_llm.lightning import SFTDataModule, SFTModule, ValidationSamples
 from lit_llm.lightning.callbacks import StepCheckpoint
 from lit_llm.lightning.cli import default_loggers
 from lit_llm.lightning.export import export_checkpoint
+from lit_llm.lightning.precision import PRECISION_VALUES, explain_precision
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -44,7 +45,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--max-steps", type=int, default=64)
     p.add_argument("--eval-every", type=int, default=32, help="optimizer steps between validations")
-    p.add_argument("--precision", default="bf16-mixed", help="bf16-mixed or 32-true")
+    p.add_argument("--precision", default="auto", choices=list(dict.fromkeys(map(str, PRECISION_VALUES))),
+                   metavar="PRECISION",
+                   help="auto: bf16-mixed where bf16 matmuls are native (GPU with bf16, CPU with AVX512-BF16 or AMX), "
+                        "else 32-true; or force 32-true, bf16-mixed, ...")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wandb", action=argparse.BooleanOptionalAction, default=True,
                    help="add an offline WandbLogger next to the CSV one")
@@ -72,8 +76,11 @@ def build(argv: Sequence[str] | None = None) -> tuple[SFTModule, SFTDataModule, 
 
     # 3. The Trainer: CSV (+ W&B) metrics, validation on 8 batches every eval_every steps, a checkpoint every 16
     #    steps plus last.ckpt, and 4 generated answers after each validation.
+    #    Precision "auto" resolves as the CLI's does: bf16-mixed where bf16 matmuls are native, else 32-true.
+    precision, line = explain_precision(args.precision, accelerator="auto")
+    print(line)
     trainer_kwargs: dict[str, Any] = dict(
-        default_root_dir=str(out), accelerator="auto", devices=1, precision=args.precision,
+        default_root_dir=str(out), accelerator="auto", devices=1, precision=precision,
         max_steps=args.max_steps, log_every_n_steps=1, val_check_interval=args.eval_every,
         check_val_every_n_epoch=None, limit_val_batches=8, num_sanity_val_steps=0,
         logger=default_loggers(str(out), wandb=args.wandb),

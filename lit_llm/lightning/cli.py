@@ -14,6 +14,10 @@ Added to LightningCLI's own arguments:
   ``last.ckpt`` holds the final step) that is always on (``save_last``),
   writing to ``<trainer.default_root_dir>/checkpoints`` so that ``--ckpt_path last`` finds it from any later run.
 * ``--samples.*``: :class:`~lit_llm.lightning.callbacks.ValidationSamples` (generated answers after validation).
+* ``--trainer.precision auto`` (the default; :mod:`lit_llm.lightning.precision`): resolved before the Trainer is
+  built to ``bf16-mixed`` where bf16 matmuls are native (CUDA with bf16, CPUs with AVX512-BF16 or AMX) and to
+  ``32-true`` elsewhere; one line says what was chosen and why, the saved ``<log dir>/config.yaml`` holds the resolved
+  value and the loggers get it as the ``precision`` hyperparameter. Forcing bf16 where it is not native warns.
 * ``--wandb``: when ``trainer.logger`` is left unset, the loggers are a ``CSVLogger`` (always) plus, with
   ``--wandb true`` (the default), a ``WandbLogger`` (offline unless ``WANDB_API_KEY`` is set), both under
   ``trainer.default_root_dir``.
@@ -31,13 +35,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jsonargparse import ArgumentParser
-from lightning.pytorch import LightningDataModule, Trainer
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
 from lit_llm.lightning.module import PolicyModule
+from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 
-__all__ = ["EXTRA_COMMANDS", "LitLLMCLI", "checkpoint_dir", "default_loggers", "main"]
+__all__ = ["EXTRA_COMMANDS", "LitLLMCLI", "LitLLMSaveConfig", "checkpoint_dir", "default_loggers", "main"]
 
 # Manual optimisation is deliberate (see lit_llm.lightning.module); a step-N checkpoint holds the weights after N steps.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -62,9 +68,24 @@ def default_loggers(root: str | None, *, wandb: bool) -> list[Any]:
     return loggers
 
 
+class LitLLMSaveConfig(SaveConfigCallback):
+    """LightningCLI's ``config.yaml`` writer that also logs the precision the run uses as the ``precision``
+    hyperparameter of every logger (``hparams.yaml``, the W&B config)."""
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for logger in trainer.loggers:
+            logger.log_hyperparams({"precision": str(trainer.precision)})
+
+
 class LitLLMCLI(LightningCLI):
     """LightningCLI over any :class:`PolicyModule` and any ``LightningDataModule`` (``class_path`` in the config),
-    with the always-on checkpoint and validation-samples callbacks and the default loggers described above."""
+    with the always-on checkpoint and validation-samples callbacks, ``trainer.precision: auto`` and the default loggers
+    described above."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("trainer_class", AutoPrecisionTrainer)
+        kwargs.setdefault("save_config_callback", LitLLMSaveConfig)
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(StepCheckpoint, "checkpoint")
@@ -73,6 +94,17 @@ class LitLLMCLI(LightningCLI):
         parser.add_lightning_class_args(ValidationSamples, "samples")
         parser.add_argument("--wandb", type=bool, default=True,
                             help="Add a WandbLogger (offline without WANDB_API_KEY) when trainer.logger is unset.")
+
+    def before_instantiate_classes(self) -> None:
+        """Resolve ``trainer.precision`` (``auto``) in the parsed config, so that the Trainer and the saved
+        ``config.yaml`` both get the concrete value, and say what was chosen."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer_cfg = config.get("trainer")
+        if trainer_cfg is None:
+            return
+        precision, line = explain_precision(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"))
+        trainer_cfg["precision"] = precision
+        rank_zero_only(print)(line, flush=True)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer_cfg = self._get(self.config_init, "trainer", default={})

@@ -240,7 +240,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         for _ in range(self.num_iterations):
             loss = super().training_step({"micro_batches": mbs}, batch_idx)
         train_time = time.perf_counter() - t_train
-        self._log_rollout(rollout, staleness, wait_time, train_time, time.perf_counter() - t_start)
+        # the step: getting the rollout (the callback's sync generation + rewards, or the async wait) + training
+        self._log_rollout(rollout, staleness, wait_time, train_time, wait_time + time.perf_counter() - t_start)
         return loss
 
     # --------------------------------------------------------------------------------------------------- loss

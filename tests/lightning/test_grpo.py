@@ -61,6 +61,9 @@ def test_first_on_policy_iteration_has_ratio_one_and_no_clipping():
         assert abs(s["train/ratio_min"] - 1) < 1e-4 and abs(s["train/ratio_max"] - 1) < 1e-4
         assert s["train/clip_ratio/region_mean"] == 0.0
         assert s["train/staleness"] == 0.0
+        # a step = the callback's rollout (generation + rewards) + training
+        assert s["time/step"] >= s["time/rollout_wait"] + s["time/training"] - 1e-6
+        assert s["time/rollout_wait"] >= s["time/generation"] > 0
         for key in ("train/loss", "train/entropy", "train/grad_norm", "time/generation", "time/training",
                     "train/tokens_per_sec", "train/completions/mean_length", "train/frac_reward_zero_std"):
             assert math.isfinite(s[key]), key

@@ -8,7 +8,8 @@ trainer_kwargs)``, compared with the YAML (``yaml.safe_load``):
   when the config leaves it out (``reward_funcs`` resolved to the functions); the optimizer (and scheduler) factory
   builds the same class with the same defaults as the config's ``class_path``/``init_args``;
 * ``data.init_args``: the same against the data module's ``hparams``;
-* ``trainer``: each key equals ``trainer_kwargs[key]``; a key the recipe sets that the config does not must be
+* ``trainer``: each key equals ``trainer_kwargs[key]`` (``precision`` resolved as the CLI resolves it: ``auto`` is
+  ``bf16-mixed`` or ``32-true`` depending on the machine); a key the recipe sets that the config does not must be
   Lightning's default;
 * ``seed_everything`` (the global seed ``build`` set), ``wandb`` (a ``WandbLogger`` or not), ``checkpoint.*`` and
   ``samples.*`` (the callbacks the CLI adds, with its defaults).
@@ -155,10 +156,14 @@ def compare_callback(section: str, cls: type, settings: dict[str, Any], callback
 def compare_trainer(config: dict[str, Any], trainer_kwargs: dict[str, Any], out: Path, problems: list[str]) -> None:
     from lightning.pytorch import Trainer
 
+    from lit_llm.lightning.precision import resolve_precision
+
     for name, value in config.items():
         key = f"trainer.{name}"
         if key in EXEMPT:
             continue
+        if name == "precision":  # what the CLI gives the Trainer (LitLLMCLI.before_instantiate_classes)
+            value = resolve_precision(value, config.get("accelerator", "auto"), warn=False)
         if name not in trainer_kwargs:
             problems.append(f"{key}: in the config ({value!r}), not set by the recipe")
         elif trainer_kwargs[name] != value:
