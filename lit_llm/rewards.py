@@ -284,8 +284,8 @@ class RewardFunctions:
             msg = (f"Every reward function {self.names} returned None for sample indices {all_none}; such samples "
                    f"get total reward 0 (TRL's behaviour).")
             if not self.allow_all_none:
-                raise RewardError(msg + " Make at least one function apply to every sample, or pass "
-                                       "allow_all_none=True.")
+                raise RewardError(msg + " Make at least one function apply to every sample (return 0.0 instead "
+                                       "of None), or, in Python, build RewardFunctions(..., allow_all_none=True).")
             warnings.warn(msg, stacklevel=2)
         total = (stacked * self.weights).nansum(dim=1)
         return total, per_function

@@ -42,8 +42,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import Callback
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
@@ -89,7 +89,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         sync_every: async: optimizer steps between weight copies to the producer.
         max_staleness: async: drop rollouts generated more than this many optimizer steps ago.
         rollout_workers: rollout worker threads calling the generate version through the batcher (``None``: one per
-            prompt group).
+            prompt group); unused with ``batching=False`` (one direct call).
         batching: serve the rollout workers through the threaded batcher (default; bit-reproducible: the batcher
             waits for every row of the step and orders them by worker). ``False``: one direct call per rollout.
         rollout_seed: seed of the per-row sampling generators, mixed with the step, rank, prompt and generation
@@ -149,6 +149,10 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             raise ValueError(f"GRPOModule: rollout_mode must be 'sync' or 'async', got {rollout_mode!r}.")
         if beta < 0:
             raise ValueError(f"GRPOModule: beta must be >= 0, got {beta}.")
+        if micro_batch_size % num_generations:
+            rank_zero_warn(f"GRPOModule: micro_batch_size={micro_batch_size} is not a multiple of num_generations="
+                           f"{num_generations}: some prompt groups straddle two micro-batches and their prompt runs "
+                           f"through the backbone twice (same numbers, more compute).")
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.num_generations, self.max_new_tokens, self.temperature = num_generations, max_new_tokens, temperature
         self.loss_type, self.epsilon, self.epsilon_high, self.beta = loss_type, epsilon, epsilon_high, beta
@@ -213,10 +217,6 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         trainer = self._trainer
         return self.versions.wrap_train_loader(loader, version=self.global_step,
                                                distributed=trainer is not None and trainer.world_size > 1)
-
-    def configure_callbacks(self) -> list[Callback]:
-        """The :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` (always: it produces the rollouts)."""
-        return [self.versions]
 
     def micro_batches(self, rollout: RolloutBatch) -> list[RolloutBatch]:
         """``rollout`` cut into micro-batches of ``micro_batch_size`` rows (groups together, longest first, see

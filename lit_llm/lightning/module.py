@@ -8,7 +8,8 @@ counted over all micro-batches and all-reduced over ranks *before* any backward 
 ``world_size`` because DDP averages gradients). The sum of the micro-batch losses is therefore exactly the token mean
 of the whole step (DESIGN.md property 6). Consequences: set the accumulation with ``data.micro_batch_size``, clip with
 ``model.grad_clip`` (``trainer.accumulate_grad_batches`` and ``trainer.gradient_clip_val`` must stay at their
-defaults; the module says so if not). Supported precisions: ``32-true`` and ``bf16-mixed`` (CPU or GPU).
+defaults; Lightning refuses them with manual optimisation). Tested precisions: ``32-true`` and ``bf16-mixed`` (CPU or
+GPU; ``trainer.precision: auto`` picks between them, :mod:`lit_llm.lightning.precision`).
 
 The policy's two versions live in a :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` callback (``versions``,
 added by ``configure_callbacks``): the loss heads take their log-probs, entropies and token accuracy from the
@@ -326,7 +327,7 @@ class SFTModule(PolicyModule):
         ``kl`` with a reference)."""
         inputs = self.policy_inputs(mb)
         dist = getattr(self.versions.log_prob_version, f"get_{self.loss}_dist")(inputs)
-        log_probs, entropy, hits = dist.log_prob_and_entropy(dist.tokens, return_hits=True)
+        log_probs, entropy, hits = dist.log_prob_and_entropy(dist.tokens, return_hits=True)  # hits: ~free
         mask = dist.mask
         ref = None
         if self.versions.reference_version is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Literal
 
 import torch
@@ -91,6 +91,7 @@ class PolicyVersionSwitch(Callback):
         self._greedy: dict[int, Any] = {}
         self._pending: tuple[RolloutBatch | None, int, float] | None = None
         self.num_rollouts = self.num_greedy_calls = self.num_dropped = self.num_syncs = 0
+        self._trainer: Trainer | None = None
 
     # ------------------------------------------------------------------------------------------------ switching
     @property
@@ -98,9 +99,19 @@ class PolicyVersionSwitch(Callback):
         """The trained model (shared by both versions)."""
         return self.generate_version.model
 
+    def precision_context(self) -> AbstractContextManager:
+        """The trainer's precision context (autocast under ``bf16-mixed``), as Lightning enters it around
+        ``training_step``; a no-op before the callback is attached to a trainer. Rollouts are produced in a hook,
+        outside ``training_step``, so they enter it here (the batcher carries it to its worker thread)."""
+        trainer = self._trainer
+        if trainer is None:
+            return nullcontext()
+        return trainer.precision_plugin.forward_context()
+
     @contextmanager
     def generating(self) -> Iterator[Any]:
-        """Switch the trained model to generation (eval mode, no grad) and back to its previous mode on exit.
+        """Switch the trained model to generation (eval mode, no grad, the trainer's precision) and back to its
+        previous mode on exit.
 
         Yields:
             The generate version.
@@ -109,7 +120,7 @@ class PolicyVersionSwitch(Callback):
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self.precision_context():
                 yield self.generate_version
         finally:
             model.train(was_training)
@@ -157,7 +168,7 @@ class PolicyVersionSwitch(Callback):
             e.policy, loader, max_staleness=2**62 if distributed else self.max_staleness, version=version,
             tokenizer=e.tokenizer, reward_fn=e.reward_fn, num_generations=e.num_generations,
             scale_rewards=e.scale_rewards, seed=e.seed, chat_template=e.chat_template, batching=e.batching,
-            num_workers=e.num_workers, rank=e.rank)
+            num_workers=e.num_workers, rank=e.rank, rollout_context=self.precision_context)
         return self.async_rollouts
 
     def take_rollout(self, batch: Any, step: int) -> tuple[RolloutBatch | None, int, float]:
@@ -184,6 +195,7 @@ class PolicyVersionSwitch(Callback):
 
     # ------------------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._trainer = trainer
         if self.engine is not None:
             self.engine.rank = trainer.global_rank  # every rank samples from its own stream
         if self.reference_version is not None:

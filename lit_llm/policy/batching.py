@@ -49,20 +49,21 @@ Contract used by :class:`~lit_llm.policy.common.LLMWrapperBase`:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import numbers
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDictBase, is_tensorclass, lazy_stack
 
-__all__ = ["BatchingCancelledError", "BatchingInputError", "BatchingMixin"]
+__all__ = ["BatchingCancelledError", "BatchingInputError", "BatchingMixin", "caller_context", "in_context"]
 
 
 class BatchingCancelledError(RuntimeError):
@@ -74,6 +75,23 @@ class BatchingInputError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
+def caller_context(device_type: str) -> tuple[bool, torch.dtype | None]:
+    """The calling thread's grad mode and autocast dtype on ``device_type`` (``None`` = autocast off): both are
+    thread-local, so work handed to another thread (the batcher's worker) must carry them."""
+    enabled = torch.is_autocast_enabled(device_type)
+    return torch.is_grad_enabled(), torch.get_autocast_dtype(device_type) if enabled else None
+
+
+@contextlib.contextmanager
+def in_context(context: tuple[bool, torch.dtype | None], device_type: str) -> Iterator[None]:
+    """Run the block under a :func:`caller_context` (grad mode, autocast dtype or off)."""
+    grad, dtype = context
+    amp = torch.autocast(device_type, dtype=dtype) if dtype is not None else \
+        torch.autocast(device_type, enabled=False)
+    with torch.set_grad_enabled(grad), amp:
+        yield
+
+
 def _signature(obj: Any) -> tuple:
     """Hashable structure of one row: keys, classes and, per tensor, dtype/ndim/device (lengths may differ)."""
     if isinstance(obj, torch.Tensor):

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, lazy_stack
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor
 
-from lit_llm.policy.batching import BatchingMixin
+from lit_llm.policy.batching import BatchingMixin, caller_context, in_context
 from lit_llm.policy.dists import COMPLETION_KEYS, HEADS, DistLayout, MaskedDistributionsMixin
 from lit_llm.policy.generation import pad_rows
 from lit_llm.policy.rows import _key, read_rows, read_strings
@@ -203,12 +204,21 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
         """
         if logits_only and self.generate:
             raise ValueError("logits_only=True needs the log-prob version; use get_new_version(generate=False).")
+        # grad mode and autocast are thread-local: the batcher's worker runs the call under the caller's (calls under
+        # different ones never share a batch, as this is one of the function's keyword arguments)
+        context = caller_context(self.device.type)
         if logits_only or tensordict_out is not None:
             # Never merged with other callers: logits would be padded to another caller's rows, and
             # tensordict_out belongs to this caller alone.
-            return self._run_exclusive(tensordict, self._forward_dispatch, tensordict_out=tensordict_out,
-                                       logits_only=logits_only, **kwargs)
-        return self._run_maybe_batched(tensordict, self._forward_dispatch, batch_order=batch_order, **kwargs)
+            return self._run_exclusive(tensordict, self._forward_in_context, tensordict_out=tensordict_out,
+                                       logits_only=logits_only, context=context, **kwargs)
+        return self._run_maybe_batched(tensordict, self._forward_in_context, batch_order=batch_order,
+                                       context=context, **kwargs)
+
+    def _forward_in_context(self, td: TensorDictBase, *, context: tuple[bool, torch.dtype | None],
+                            **kwargs: Any) -> TensorDictBase:
+        with in_context(context, self.device.type):
+            return self._forward_dispatch(td, **kwargs)
 
     def _forward_dispatch(self, td: TensorDictBase, *, tensordict_out: TensorDictBase | None = None,
                           logits_only: bool = False, **kwargs: Any) -> TensorDictBase:

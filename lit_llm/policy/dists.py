@@ -11,7 +11,6 @@ an error (property 2) and its response ends at the stop token (properties 3 and 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,6 +19,7 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 from torch import Tensor
 
+from lit_llm.policy.batching import caller_context, in_context
 from lit_llm.policy.rows import _dense, _key, _real_rows
 
 __all__ = ["COMPLETION_KEYS", "DistLayout", "HEADS", "MaskedDistributionsMixin"]
@@ -203,12 +203,10 @@ class MaskedDistributionsMixin:
     def _make_dist(self, layout: DistLayout, mask: Tensor):
         from lit_llm.policy.masked_dist import ChunkedLLMMaskedCategorical
 
-        device_type = layout.tokens.device.type
-        autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
         # with batching on, the backbone runs on the worker thread (never beside a shared batch): carry the caller's
         # grad mode and autocast there, as both are thread-local
-        hidden, weight, bias = self._run_exclusive(layout, self._dist_hidden_in_context, grad=torch.is_grad_enabled(),
-                                                   autocast=autocast)
+        hidden, weight, bias = self._run_exclusive(layout, self._dist_hidden_in_context,
+                                                   context=caller_context(layout.tokens.device.type))
         tokens = layout.tokens
         if layout.single:
             hidden, mask, tokens = hidden[0], mask[0], tokens[0]
@@ -217,10 +215,8 @@ class MaskedDistributionsMixin:
         dist.tokens = tokens
         return dist
 
-    def _dist_hidden_in_context(self, layout: DistLayout, *, grad: bool, autocast: torch.dtype | None):
-        device_type = layout.tokens.device.type
-        amp = torch.autocast(device_type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
-        with torch.set_grad_enabled(grad), amp:
+    def _dist_hidden_in_context(self, layout: DistLayout, *, context: tuple[bool, torch.dtype | None]):
+        with in_context(context, layout.tokens.device.type):
             return self._dist_hidden_states(layout)
 
     def _scorable(self, layout: DistLayout) -> Tensor:
@@ -249,7 +245,7 @@ class MaskedDistributionsMixin:
             if asst is None:
                 raise ValueError(
                     f"{name}: the prompt is unknown: pass {(*_key(self.tokens_key), 'prompt')} with the full ids, "
-                    f"use input_mode='history' with {self.input_key!r}, or pass "
+                    f"use input_mode='history' with {(*_key(self.history_key), 'full')!r}, or pass "
                     f"{(*_key(self.masks_key), 'all_assistant_mask')} (the last run of assistant tokens of each row "
                     f"is the response).")
             return _last_run(asst & attn) & scorable

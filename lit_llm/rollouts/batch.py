@@ -40,20 +40,13 @@ import torch
 from tensordict import TensorClass, TensorDict
 from torch import Tensor
 
+from lit_llm.policy.generation import pad_rows
+
 __all__ = ["RolloutBatch"]
 
 
 def _pad(rows: Sequence[Tensor], value: int | float | bool, side: str, dtype: torch.dtype) -> Tensor:
-    width = max((int(r.numel()) for r in rows), default=0)
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    for i, r in enumerate(rows):
-        n = int(r.numel())
-        if n:
-            if side == "left":
-                out[i, width - n:] = r
-            else:
-                out[i, :n] = r
-    return out
+    return pad_rows([r.to(dtype) for r in rows], value, side=side) if rows else torch.zeros(0, 0, dtype=dtype)
 
 
 class RolloutBatch(TensorClass["nocast"]):
@@ -221,11 +214,13 @@ class RolloutBatch(TensorClass["nocast"]):
         )
 
     def micro_batches(self, size: int) -> list[RolloutBatch]:
-        """Cut into micro-batches of at most ``size`` rows, the rows of one group kept together.
+        """Cut into micro-batches of at most ``size`` rows, in group order.
 
         Order: groups by their longest row (prompt + completion), longest first, then by group id; rows within a
-        group by completion length, longest first. A micro-batch therefore holds few distinct prompts (each runs
-        through the backbone once) and similar lengths.
+        group by completion length, longest first; consecutive rows fill each micro-batch. With ``size`` a multiple
+        of the group size every group stays in one micro-batch, which then holds few distinct prompts (each runs
+        through the backbone once); otherwise a group may straddle two micro-batches (correct, its prompt just
+        runs twice).
 
         Raises:
             ValueError: ``size < 1``.

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from lit_llm.data.prompts import tokenize_prompts
 from lit_llm.objectives.grpo import compute_advantages
+from lit_llm.policy.batching import caller_context, in_context
 from lit_llm.policy.rows import read_rows
 from lit_llm.policy.sampling import _splitmix64
 from lit_llm.rollouts.batch import RolloutBatch
@@ -214,13 +215,16 @@ class RolloutEngine:
             return policy_responses(self.policy, prompts, seeds=seeds)
         policy = self.batched_policy(len(prompts))
         bounds = [round(i * n_groups / k) * g for i in range(k)] + [len(prompts)]
+        device_type = policy.device.type
+        context = caller_context(device_type)  # grad mode and autocast are thread-local: the workers take ours
 
         def work(i: int) -> tuple[list[Tensor], list[Tensor], list[bool]]:
             a, b = bounds[i], bounds[i + 1]
             with self._lock:
                 self.num_policy_calls += 1
-            return policy_responses(policy, prompts[a:b], seeds=None if seeds is None else seeds[a:b],
-                                    batch_order=i)
+            with in_context(context, device_type):
+                return policy_responses(policy, prompts[a:b], seeds=None if seeds is None else seeds[a:b],
+                                        batch_order=i)
 
         with ThreadPoolExecutor(max_workers=k, thread_name_prefix="lit_llm-rollout-worker") as pool:
             results = list(pool.map(work, range(k)))

@@ -15,7 +15,8 @@ from __future__ import annotations
 import copy
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -48,18 +49,21 @@ class AsyncRollouts:
         max_staleness: the largest accepted ``trainer_version - policy_version`` (0 = only rollouts from the current
             weights; note that a dataloader that prefetches one batch makes most rollouts at least 1 step old).
         queue_size: finished batches kept ahead (>= 1).
+        rollout_context: a factory of the context each rollout runs in on the producer thread, besides
+            ``torch.no_grad()`` (e.g. the trainer's precision context: autocast is thread-local).
 
     Raises:
         RolloutError: ``max_staleness < 0`` or ``queue_size < 1``.
     """
 
     def __init__(self, engine: RolloutEngine, prompts: Iterable[Mapping[str, Any]], *, max_staleness: int = 1,
-                 queue_size: int = 1) -> None:
+                 queue_size: int = 1, rollout_context: Callable[[], AbstractContextManager] | None = None) -> None:
         if max_staleness < 0 or queue_size < 1:
             raise RolloutError(f"AsyncRollouts: max_staleness must be >= 0 and queue_size >= 1, got {max_staleness}, "
                                f"{queue_size}.")
         self.engine, self.prompts = engine, prompts
         self.max_staleness, self.queue_size = max_staleness, queue_size
+        self.rollout_context = rollout_context or nullcontext
         self.trainer_version = engine.version
         self.num_dropped = 0
         self.num_produced = 0
@@ -71,7 +75,9 @@ class AsyncRollouts:
 
     @classmethod
     def from_policy(cls, policy: Any, prompts: Iterable[Mapping[str, Any]], *, max_staleness: int = 1,
-                    queue_size: int = 1, version: int = 0, **engine_kwargs: Any) -> AsyncRollouts:
+                    queue_size: int = 1, version: int = 0,
+                    rollout_context: Callable[[], AbstractContextManager] | None = None,
+                    **engine_kwargs: Any) -> AsyncRollouts:
         """Build an engine over a deep copy of ``policy.model`` (same wrapper settings) and wrap it.
 
         Args:
@@ -84,7 +90,8 @@ class AsyncRollouts:
         settings = {**policy._settings(), **policy._batching_settings()}
         twin = type(policy)(model, **settings)
         engine = RolloutEngine(twin, **engine_kwargs, version=version)
-        return cls(engine, prompts, max_staleness=max_staleness, queue_size=queue_size)
+        return cls(engine, prompts, max_staleness=max_staleness, queue_size=queue_size,
+                   rollout_context=rollout_context)
 
     def __len__(self) -> int:
         return len(self.prompts)  # type: ignore[arg-type]
@@ -123,7 +130,8 @@ class AsyncRollouts:
                     staged, self._staged = self._staged, None
                 if staged is not None:
                     self.engine.load_weights(*staged)
-                td = self.engine.rollout(batch, step=step)
+                with torch.no_grad(), self.rollout_context():
+                    td = self.engine.rollout(batch, step=step)
                 step += 1
                 self.num_produced += 1
                 while not stop.is_set():

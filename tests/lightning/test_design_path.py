@@ -76,6 +76,13 @@ def _losses(root: Path) -> list[str]:
         return [r["train/loss"] for r in csv.DictReader(f) if r.get("train/loss")]
 
 
+REWARD_MODULE = """
+def even_ids(completion_ids, **kwargs):
+    \"\"\"A reward the random tiny model earns sometimes: the fraction of even completion ids.\"\"\"
+    return [sum(i % 2 == 0 for i in c) / max(1, len(c)) for c in completion_ids]
+"""
+
+
 def test_grpo_fit_rollouts_through_the_batcher_and_bit_reproducible(tmp_path, counters, monkeypatch):
     rollouts: list[list] = [[], []]
     original = PolicyVersionSwitch.rollout
@@ -87,11 +94,15 @@ def test_grpo_fit_rollouts_through_the_batcher_and_bit_reproducible(tmp_path, co
         return r
 
     monkeypatch.setattr(PolicyVersionSwitch, "rollout", keep)
+    (tmp_path / "even_rewards.py").write_text(REWARD_MODULE)  # rewards that vary: losses and gradients are not 0
+    monkeypatch.syspath_prepend(str(tmp_path))
     modules = []
     for i in range(2):
         run["i"] = i
         cli = main(["fit", "--config", str(ROOT / "configs/grpo_tiny.yaml"), "--trainer.default_root_dir",
-                    str(tmp_path / str(i)), "--trainer.max_steps", "3", "--trainer.num_sanity_val_steps", "0"])
+                    str(tmp_path / str(i)), "--trainer.max_steps", "3", "--trainer.num_sanity_val_steps", "0",
+                    "--model.init_args.reward_funcs", "[even_rewards:even_ids]",
+                    "--model.init_args.reward_weights", "null"])
         modules.append(cli.model)
     engine = modules[0].engine
     # configs/grpo_tiny.yaml: 4 prompts x 4 generations, batching on, one worker per prompt group
@@ -107,6 +118,30 @@ def test_grpo_fit_rollouts_through_the_batcher_and_bit_reproducible(tmp_path, co
     for a, b in zip(*rollouts):
         for key in ("prompt_ids", "completion_ids", "completion_mask", "old_log_probs", "reward", "advantage"):
             assert torch.equal(getattr(a, key), getattr(b, key)), key
-    assert _losses(tmp_path / "0") == _losses(tmp_path / "1") and len(_losses(tmp_path / "0")) == 3
+    losses = _losses(tmp_path / "0")
+    assert losses == _losses(tmp_path / "1") and len(losses) == 3 and any(float(x) != 0.0 for x in losses)
     for p, q in zip(modules[0].model.parameters(), modules[1].model.parameters()):
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("mode", [["--model.init_args.batching", "true"], ["--model.init_args.batching", "false"],
+                                  ["--model.init_args.rollout_mode", "async"]], ids=["batcher", "direct", "async"])
+def test_rollouts_generate_under_the_trainers_precision(tmp_path, monkeypatch, mode):
+    """Rollouts are produced in a callback hook (outside training_step) and on other threads (rollout workers, the
+    batcher, the async producer): they still run under the trainer's autocast, as training does."""
+    import lit_llm.policy.transformers_wrapper as wrapper
+
+    seen: list[bool] = []
+    original = wrapper.generate_tokens
+
+    def record(*args, **kwargs):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(wrapper, "generate_tokens", record)
+    for precision, expected in (("bf16-mixed", True), ("32-true", False)):
+        seen.clear()
+        main(["fit", "--config", str(ROOT / "configs/grpo_tiny.yaml"), "--trainer.default_root_dir",
+              str(tmp_path / precision), "--trainer.max_steps", "2", "--trainer.num_sanity_val_steps", "0",
+              "--trainer.precision", precision, *mode])
+        assert len(seen) >= 2 and all(s is expected for s in seen), (precision, seen)
