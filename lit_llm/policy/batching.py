@@ -49,6 +49,7 @@ Contract used by :class:`~lit_llm.policy.common.LLMWrapperBase`:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import math
@@ -66,8 +67,12 @@ from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, Ten
 __all__ = ["BatchingCancelledError", "BatchingInputError", "BatchingMixin", "caller_context", "in_context"]
 
 
-class BatchingCancelledError(RuntimeError):
-    """A queued request was dropped by ``cleanup_batching(flush=False)`` before it ran."""
+class BatchingCancelledError(RuntimeError, concurrent.futures.CancelledError):
+    """A queued request was dropped by ``cleanup_batching(flush=False)`` before it ran.
+
+    Also a :class:`concurrent.futures.CancelledError` (what TorchRL's batcher raises), so ``except CancelledError``
+    written for TorchRL catches it; ``except RuntimeError`` keeps working too.
+    """
 
 
 class BatchingInputError(ValueError):
@@ -552,10 +557,15 @@ class BatchingMixin:
         Returns:
             ``{"batching_enabled": False}`` when off; otherwise also ``min_batch_size``, ``max_batch_size``,
             ``batching_timeout`` (s), ``queue_size`` (rows waiting), ``pending_requests`` (callers with queued rows),
-            ``processing`` (bool), ``processing_rows``, ``worker_alive``, ``batches_run``, ``rows_run``.
+            ``processing`` (bool), ``processing_rows``, ``worker_alive``, ``batches_run``, ``rows_run``; and
+            TorchRL's names for the same facts: ``timeout`` (= ``batching_timeout``), ``pending_futures``
+            (= ``pending_requests``) and ``lock_state`` (``"locked"`` while a batch runs, else ``"unlocked"``).
         """
         if self._batcher is None:
             return {"batching_enabled": False}
         b = self._batcher
-        return {"batching_enabled": True, "min_batch_size": b.min_batch_size, "max_batch_size": b.max_batch_size,
-                "batching_timeout": b.timeout, **b.state()}
+        state = {"batching_enabled": True, "min_batch_size": b.min_batch_size, "max_batch_size": b.max_batch_size,
+                 "batching_timeout": b.timeout, **b.state()}
+        state.update(timeout=state["batching_timeout"], pending_futures=state["pending_requests"],
+                     lock_state="locked" if state["processing"] else "unlocked")
+        return state

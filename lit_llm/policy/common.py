@@ -294,10 +294,43 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
         extra = {"padded": False} if has_padded and pads is not None else {}
         return _stack_rows([cls(**{k: v[i] for k, v in fields.items()}, **extra) for i in range(n)], group)
 
-    def log_prob(self, tensordict: TensorDictBase) -> Any:
-        """Log-prob version only: run it and return ``log_probs.full`` (TorchRL's ``log_prob`` convenience)."""
+    def log_prob(self, tensordict: TensorDictBase, **get_kwargs: Any) -> Any:
+        """Log-prob version only: run it and return the response log-probs (TorchRL's ``log_prob`` convenience).
+
+        Args:
+            tensordict: the log-prob version's input.
+            **get_kwargs: passed to ``TensorDict.get`` as TorchRL does: ``as_list`` (a list of 1-D tensors),
+                ``as_padded_tensor`` (a ``[B, T]`` tensor), ``padding_side`` (``"left"`` / ``"right"``),
+                ``padding_value``, ``as_nested_tensor``, ``layout``. Without them, ragged rows (the default
+                ``pad_output=False``) come back as ``as_list=True`` would give them rather than failing to stack.
+
+        Returns:
+            ``("log_probs", "response")`` when the output has a prompt/response split (the input carries
+            ``tokens.prompt``, a prefix of the scored ids); otherwise (no split known, e.g. ``tokens.full`` /
+            ``text.full`` / ``history.full`` only) ``("log_probs", "full")`` -- lit_llm's documented fallback, where
+            TorchRL's would be empty.
+        """
         self._check_dist_version("log_prob")
-        return self(tensordict).get((*_key(self.log_probs_key), "full"))
+        allowed = {"as_list", "as_padded_tensor", "as_nested_tensor", "padding_side", "padding_value", "layout"}
+        unknown = sorted(set(get_kwargs) - allowed)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}.log_prob: unexpected keyword arguments {unknown}; accepted "
+                            f"(passed to TensorDict.get): {sorted(allowed)}.")
+        out = self(tensordict)
+        base = _key(self.log_probs_key)
+        key = (*base, "response")
+        try:
+            present = out.get(key, None) is not None
+        except RuntimeError:  # ragged rows that cannot be stacked: they exist
+            present = True
+        if not present:
+            key = (*base, "full")
+        if not any(get_kwargs.get(k) for k in ("as_list", "as_padded_tensor", "as_nested_tensor")):
+            try:
+                return out.get(key)
+            except RuntimeError:  # ragged rows cannot be stacked: the rows, as TorchRL's lazy stacks give them
+                return out.get(key, as_list=True)
+        return out.get(key, **get_kwargs)
 
 
 def _flatten(td: TensorDictBase) -> TensorDictBase:

@@ -12,7 +12,7 @@ an error (property 2) and its response ends at the stop token (properties 3 and 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -45,7 +45,10 @@ class MaskedDistributionsMixin:
                                       f"get_new_version(generate=False).")
 
     def get_dist(self, tensordict: TensorDictBase, *, mask: Tensor | None = None, mask_key: NestedKey | None = None,
-                 **kwargs: Any):
+                 tensordict_out: TensorDictBase | None = None, logits_key: NestedKey = "logits",
+                 as_padded_tensor: bool | None = None, as_nested_tensor: bool | None = None,
+                 padding_value: float | None = None, padding_side: str | None = None,
+                 layout: torch.layout | None = None):
         """Masked next-token distribution of the log-prob version, computed from hidden states (no ``[B, T, V]``).
 
         Returns a :class:`~lit_llm.policy.masked_dist.ChunkedLLMMaskedCategorical` built from one backbone pass
@@ -77,7 +80,14 @@ class MaskedDistributionsMixin:
                 the GRPO layout). Wins over ``mask_key``.
             mask_key: ``(masks_key, "all_attention_mask")`` or ``(masks_key, "all_assistant_mask")`` (the layout's
                 own masks), or a key of the input holding a dense mask of the layout's shape (e.g. ``"loss_mask"``).
-            **kwargs: ignored (TorchRL signature).
+            padding_side: ``"left"`` or ``"right"``: re-pad the returned dist's rows (hidden states, mask,
+                ``dist.tokens``) to that side; ``None`` (default) keeps the layout's. ``mask`` and ``mask_key`` are
+                always read in the input's layout (above), before re-padding.
+            tensordict_out, logits_key, as_padded_tensor, as_nested_tensor, padding_value, layout: TorchRL's
+                arguments. Accepted only with a value that matches what this dist is (``None``; ``logits_key=
+                "logits"``; ``as_padded_tensor=True``; ``as_nested_tensor=False``; ``padding_value=0.0``;
+                ``layout=torch.strided``); any other value raises ``ValueError("... not supported: <why>")``.
+                Any other keyword is a ``TypeError``.
 
         Every mask is intersected with the positions that have a prediction: each row's first real token and
         padding are never scored (their hidden states are zeros); in the GRPO layout, with ``completion_mask``.
@@ -92,14 +102,17 @@ class MaskedDistributionsMixin:
                 missing GRPO keys; see also the log-prob version's input errors.
         """
         self._check_dist_version("get_dist")
-        layout = self._dist_layout(tensordict)
+        side = _check_dist_args("get_dist", tensordict_out=tensordict_out, logits_key=logits_key,
+                                as_padded_tensor=as_padded_tensor, as_nested_tensor=as_nested_tensor,
+                                padding_value=padding_value, padding_side=padding_side, layout=layout)
+        dist_layout = self._dist_layout(tensordict)
         if mask is not None:
-            chosen = self._explicit_mask(layout, mask, "get_dist", "mask")
+            chosen = self._explicit_mask(dist_layout, mask, "get_dist", "mask")
         elif mask_key is not None:
-            chosen = self._mask_from_key(layout, mask_key, "get_dist")
+            chosen = self._mask_from_key(dist_layout, mask_key, "get_dist")
         else:
-            chosen = self._head_mask(layout, "generic", "get_dist")
-        return self._make_dist(layout, chosen)
+            chosen = self._head_mask(dist_layout, "generic", "get_dist")
+        return self._make_dist(dist_layout, chosen, side)
 
     def head_mask(self, tensordict: TensorDictBase, head: Literal["sft", "rlhf", "generic"]) -> Tensor:
         """The ``[B, T]`` bool mask that ``get_<head>_dist(tensordict)`` uses, **without any forward pass**.
@@ -142,33 +155,106 @@ class MaskedDistributionsMixin:
         out = self._head_mask(layout, head, f"head_mask({head!r})")
         return out[0] if layout.single else out
 
-    def _head_dist(self, tensordict: TensorDictBase, head: str, name: str):
+    def _head_dist(self, tensordict: TensorDictBase, head: str, name: str, *, padding_side: str | None = None,
+                   keys: dict[str, tuple[NestedKey | None, NestedKey]] | None = None, **kwargs: Any):
+        """One head's dist. ``keys``: ``arg name -> (given key, default key)``; a non-default key replaces the
+        layout's mask of that kind (see :meth:`_get_dist_with_prompt_mask`)."""
         self._check_dist_version(name)
+        side = _check_dist_args(name, padding_side=padding_side, **kwargs)
         layout = self._dist_layout(tensordict)
-        return self._make_dist(layout, self._head_mask(layout, head, name))
+        keys = {arg: (key, default) for arg, (key, default) in (keys or {}).items()
+                if key is not None and _key(key) != _key(default)}
+        restrict = None
+        if "attention_mask_key" in keys:  # positions also restricted to the mask at that key
+            restrict = self._mask_from_key(layout, keys["attention_mask_key"][0], name, "attention_mask_key")
+        if "assistant_mask_key" in keys:
+            if head == "rlhf":
+                mask = self._mask_from_key(layout, keys["assistant_mask_key"][0], name, "assistant_mask_key")
+                return self._make_dist(layout, mask if restrict is None else mask & restrict, side)
+            asst = self._dense_key(layout, keys["assistant_mask_key"][0], name, "assistant_mask_key")
+            layout = replace(layout, assistant_mask=asst)
+        if "prompt_mask_key" in keys:
+            prompt = self._dense_key(layout, keys["prompt_mask_key"][0], name, "prompt_mask_key")
+            mask = self._scorable(layout) & ~prompt
+        else:
+            mask = self._head_mask(layout, head, name)
+        return self._make_dist(layout, mask if restrict is None else mask & restrict, side)
 
-    def _get_dist_with_attention_mask(self, tensordict: TensorDictBase, **kwargs: Any):
-        """Generic head: every attended token but each row's first (TorchRL name); see :meth:`head_mask`."""
-        return self._head_dist(tensordict, "generic", "get_generic_dist")
+    def _default_mask_key(self, name: str) -> tuple[str, ...]:
+        return (*_key(self.masks_key), name)
 
-    def _get_dist_with_assistant_mask(self, tensordict: TensorDictBase, **kwargs: Any):
+    def _get_dist_with_attention_mask(self, tensordict: TensorDictBase, attention_mask_key: NestedKey | None = None,
+                                      logits_key: NestedKey = "logits", padding_side: str | None = None,
+                                      **kwargs: Any):
+        """Generic head: every attended token but each row's first (TorchRL name); see :meth:`head_mask`.
+
+        Args:
+            attention_mask_key: default ``(masks_key, "all_attention_mask")`` (the layout's); another key of the
+                input holding a dense ``[B, T]`` mask in :meth:`get_dist`'s layout restricts the positions to it
+                (``ValueError`` naming it when absent or of the wrong shape).
+            logits_key, padding_side, **kwargs: as in :meth:`get_dist` (``tensordict_out``, ``as_padded_tensor``,
+                ``as_nested_tensor``, ``padding_value``, ``layout``); any other keyword is a ``TypeError``.
+        """
+        return self._head_dist(tensordict, "generic", "get_generic_dist", padding_side=padding_side,
+                               logits_key=logits_key, keys={"attention_mask_key": (
+                                   attention_mask_key, self._default_mask_key("all_attention_mask"))}, **kwargs)
+
+    def _get_dist_with_assistant_mask(self, tensordict: TensorDictBase, assistant_mask_key: NestedKey | None = None,
+                                      logits_key: NestedKey = "logits", padding_side: str | None = None,
+                                      **kwargs: Any):
         """RLHF head: the assistant tokens of every turn, ``masks.all_assistant_mask`` (TorchRL name); see
         :meth:`head_mask`.
+
+        Args:
+            assistant_mask_key: default ``(masks_key, "all_assistant_mask")``; another key of the input holding a
+                dense ``[B, T]`` mask in :meth:`get_dist`'s layout is used instead (``ValueError`` naming it when
+                absent or of the wrong shape).
+            logits_key, padding_side, **kwargs: as in :meth:`_get_dist_with_attention_mask`.
 
         Raises:
             ValueError: no assistant mask (``input_mode`` is not ``"history"`` and the input carries none).
         """
-        return self._head_dist(tensordict, "rlhf", "get_rlhf_dist")
+        return self._head_dist(tensordict, "rlhf", "get_rlhf_dist", padding_side=padding_side,
+                               logits_key=logits_key, keys={"assistant_mask_key": (
+                                   assistant_mask_key, self._default_mask_key("all_assistant_mask"))}, **kwargs)
 
-    def _get_dist_with_prompt_mask(self, tensordict: TensorDictBase, **kwargs: Any):
+    def _get_dist_with_prompt_mask(self, tensordict: TensorDictBase, tokens_key: NestedKey | None = None,
+                                   logits_key: NestedKey = "logits", assistant_mask_key: NestedKey | None = None,
+                                   attention_mask_key: NestedKey | None = None, padding_side: str | None = None,
+                                   *, prompt_mask_key: NestedKey | None = None, **kwargs: Any):
         """SFT head: the response tokens only (after the prompt, stop token included; TorchRL name); see
         :meth:`head_mask` for how the prompt is found.
 
+        Args:
+            tokens_key: only the default ``(tokens_key, "prompt")`` of the wrapper (``ValueError`` otherwise: the
+                prompt ids are read there; set the wrapper's ``tokens_key`` or pass ``prompt_mask_key``).
+            assistant_mask_key: a key of the input holding a dense ``[B, T]`` assistant mask in :meth:`get_dist`'s
+                layout, used in place of ``masks.all_assistant_mask`` to find (and end) the response.
+            attention_mask_key: a key of a dense ``[B, T]`` mask that restricts the positions.
+            prompt_mask_key: a key of a dense ``[B, T]`` mask of the prompt tokens: the response is every scorable
+                token outside it (instead of the head's own prompt lookup).
+            logits_key, padding_side, **kwargs: as in :meth:`_get_dist_with_attention_mask`.
+
         Raises:
             PrefixMismatchError: the prompt ids are not a prefix of ``tokens.full`` (DESIGN.md property 2).
-            ValueError: no way to know the prompt (no ``tokens.prompt``, no history, no assistant mask).
+            ValueError: no way to know the prompt (no ``tokens.prompt``, no history, no assistant mask); a mask key
+                that is absent or of the wrong shape; an argument value that is not supported.
         """
-        return self._head_dist(tensordict, "sft", "get_sft_dist")
+        name = "get_sft_dist"
+        default_tokens = (*_key(self.tokens_key), "prompt")
+        if tokens_key is not None and _key(tokens_key) != default_tokens:
+            raise ValueError(f"{name}: tokens_key={tokens_key!r} not supported: the prompt ids are read from "
+                             f"{default_tokens!r} (the wrapper's tokens_key); set the wrapper's tokens_key, or pass "
+                             f"prompt_mask_key=<key of a [B, T] prompt mask>.")
+        return self._head_dist(tensordict, "sft", name, padding_side=padding_side, logits_key=logits_key, keys={
+            "assistant_mask_key": (assistant_mask_key, self._default_mask_key("all_assistant_mask")),
+            "attention_mask_key": (attention_mask_key, self._default_mask_key("all_attention_mask")),
+            "prompt_mask_key": (prompt_mask_key, ("\0",))}, **kwargs)
+
+    def _get_dist_with_custom_mask(self, tensordict: TensorDictBase, mask: Tensor, logits_key: NestedKey = "logits",
+                                   padding_side: str | None = None, **kwargs: Any):
+        """Distribution with an explicit ``[B, T]`` mask (TorchRL name): ``get_dist(tensordict, mask=mask, ...)``."""
+        return self.get_dist(tensordict, mask=mask, logits_key=logits_key, padding_side=padding_side, **kwargs)
 
     def _prompt_lengths(self, td: TensorDictBase, full_rows: Callable[[], list[Tensor]]) -> list[int] | None:
         """Per-row prompt lengths of the unpadded full ids (``full_rows()``, only called when needed), or ``None``
@@ -200,7 +286,7 @@ class MaskedDistributionsMixin:
         """``(hidden [B, T, H] aligned to layout.tokens, head weight [V, H], head bias [V] or None)`` (subclasses)."""
         raise NotImplementedError
 
-    def _make_dist(self, layout: DistLayout, mask: Tensor):
+    def _make_dist(self, layout: DistLayout, mask: Tensor, side: str | None = None):
         from lit_llm.policy.masked_dist import ChunkedLLMMaskedCategorical
 
         # with batching on, the backbone runs on the worker thread (never beside a shared batch): carry the caller's
@@ -208,6 +294,10 @@ class MaskedDistributionsMixin:
         hidden, weight, bias = self._run_exclusive(layout, self._dist_hidden_in_context,
                                                    context=caller_context(layout.tokens.device.type))
         tokens = layout.tokens
+        if side is not None:  # re-pad each row's block of real tokens to that side
+            index = _repad_index(layout.attention_mask, side)
+            hidden = hidden.gather(1, index[..., None].expand_as(hidden))
+            mask, tokens = mask.gather(1, index), tokens.gather(1, index)
         if layout.single:
             hidden, mask, tokens = hidden[0], mask[0], tokens[0]
         dist = ChunkedLLMMaskedCategorical(hidden, weight, mask, bias=bias, temperature=self.temperature,
@@ -268,20 +358,34 @@ class MaskedDistributionsMixin:
                              f"dist.tokens (see get_dist for the layout); got {got}.")
         return mask.to(layout.tokens.device).bool() & self._scorable(layout)
 
-    def _mask_from_key(self, layout: DistLayout, mask_key: NestedKey, name: str) -> Tensor:
+    def _dense_key(self, layout: DistLayout, key: NestedKey, name: str, arg: str) -> Tensor:
+        """The dense ``[B, T]`` bool mask at ``key`` of the input (not intersected with anything)."""
+        value = _dense(layout.source, _key(key))
+        if value is None:
+            raise ValueError(f"{name}: {arg}={key!r} is not a dense mask of the input (keys: "
+                             f"{sorted(map(str, layout.source.keys(True, True)))}).")
+        shape = tuple(layout.tokens.shape)
+        if layout.single and tuple(value.shape) == shape[1:]:
+            value = value.unsqueeze(0)
+        if value.dtype.is_floating_point or tuple(value.shape) != shape:
+            raise ValueError(f"{name}: {arg}={key!r} must hold a bool (or 0/1 integer) tensor of shape "
+                             f"{list(shape)} aligned with dist.tokens; got {value.dtype} {list(value.shape)}.")
+        return value.to(layout.tokens.device).bool()
+
+    def _mask_from_key(self, layout: DistLayout, mask_key: NestedKey, name: str, arg: str = "mask_key") -> Tensor:
         key = _key(mask_key)
         if layout.completion is None and key == (*_key(self.masks_key), "all_attention_mask"):
             return self._scorable(layout)
         if layout.completion is None and key == (*_key(self.masks_key), "all_assistant_mask"):
             if layout.assistant_mask is None:
-                raise ValueError(f"{name}: mask_key {mask_key!r}: the input has no assistant mask (it comes from "
+                raise ValueError(f"{name}: {arg} {mask_key!r}: the input has no assistant mask (it comes from "
                                  f"input_mode='history' or the generate version's output).")
             return layout.assistant_mask & self._scorable(layout)
         value = _dense(layout.source, key)
         if value is None:
-            raise ValueError(f"{name}: mask_key {mask_key!r} is not a dense mask of the input (keys: "
+            raise ValueError(f"{name}: {arg} {mask_key!r} is not a dense mask of the input (keys: "
                              f"{sorted(map(str, layout.source.keys(True, True)))}); pass mask=... instead.")
-        return self._explicit_mask(layout, value, name, f"the mask at {mask_key!r}")
+        return self._explicit_mask(layout, value, name, f"the mask at {arg} {mask_key!r}")
 
     def _completion_layout(self, td: TensorDictBase, device: torch.device | None) -> DistLayout:
         """The GRPO prompt/completion layout (see :meth:`get_dist`); full checks run with the backbone pass."""
@@ -341,3 +445,43 @@ def _last_run(mask: Tensor) -> Tensor:
     last = torch.where(mask, pos, none).amax(-1, keepdim=True)
     start = torch.where(~mask & (pos < last), pos, none).amax(-1, keepdim=True) + 1
     return mask & (pos >= start) & (pos <= last)
+
+
+def _check_dist_args(name: str, *, padding_side: str | None = None, tensordict_out: TensorDictBase | None = None,
+                     logits_key: NestedKey = "logits", as_padded_tensor: bool | None = None,
+                     as_nested_tensor: bool | None = None, padding_value: float | None = None,
+                     layout: torch.layout | None = None) -> str | None:
+    """Reject TorchRL ``get_dist`` arguments this dist cannot honour (ValueError naming each and why); return the
+    ``padding_side`` to re-pad to (``None``: the layout's). Unknown keywords are a TypeError (Python's)."""
+    def refuse(arg: str, value: Any, why: str) -> None:
+        raise ValueError(f"{name}: {arg}={value!r} not supported: {why}.")
+
+    if padding_side is not None and padding_side not in ("left", "right"):
+        refuse("padding_side", padding_side, "choose 'left' or 'right' (None keeps the input's layout)")
+    if tensordict_out is not None:
+        refuse("tensordict_out", type(tensordict_out).__name__,
+               "get_dist returns a distribution and writes nothing to a tensordict")
+    if _key(logits_key) != ("logits",):
+        refuse("logits_key", logits_key, "this dist is computed from hidden states and never materialises logits, "
+               "so there is no logits entry to read; use dist.logits (or forward(td, logits_only=True)) for them")
+    if as_padded_tensor is not None and not as_padded_tensor:
+        refuse("as_padded_tensor", as_padded_tensor, "masked distributions are padded [B, T]")
+    if as_nested_tensor:
+        refuse("as_nested_tensor", as_nested_tensor, "masked distributions are padded [B, T], not nested")
+    if padding_value is not None and float(padding_value) != 0.0:
+        refuse("padding_value", padding_value, "padded logits are never materialised; masked-out and padded "
+               "positions give log_prob 0.0")
+    if layout is not None and layout != torch.strided:
+        refuse("layout", layout, "masked distributions are dense (torch.strided)")
+    return padding_side
+
+
+def _repad_index(attention_mask: Tensor, side: str) -> Tensor:
+    """``[B, T]`` gather index moving each row's contiguous block of real tokens to ``side``."""
+    t = attention_mask.shape[-1]
+    pos = torch.arange(t, device=attention_mask.device).expand_as(attention_mask)
+    count = attention_mask.long().sum(-1, keepdim=True)
+    first = torch.where(attention_mask, pos, torch.full_like(pos, t)).amin(-1, keepdim=True)
+    first = torch.where(count > 0, first, torch.zeros_like(first))
+    start = torch.zeros_like(first) if side == "right" else t - count  # where the block goes
+    return (pos - start + first) % t

@@ -64,6 +64,7 @@ class LogProbInputsMixin:
                 full = [self._encode(t) for t in texts]
             else:
                 raise self._missing(td, self.input_key, "full ids, 1-D per row")
+        check_id_dtype(full, ids_key, type(self).__name__)
         full = [f.long() for f in full]
         prompt_lens = self._input_prompt_lengths(td, full)
         if self.input_mode == "history" and asst is None:
@@ -277,3 +278,15 @@ def _unpad_left_prefix(prompt_row: Tensor, full_row: Tensor, row: int) -> int:
                          f"tokens (pad_output=False).")
     return max(matches)
 
+
+
+def check_id_dtype(rows: list[Tensor], key: NestedKey, owner: str = "policy") -> None:
+    """Refuse non-integer token ids (``[1.0, 2.5, 3.9]`` would otherwise be scored as ``[1, 2, 3]``).
+
+    Raises:
+        ValueError: a floating, complex or bool row; names the key and the row.
+    """
+    for b, r in enumerate(rows):
+        if isinstance(r, Tensor) and (r.dtype.is_floating_point or r.dtype.is_complex or r.dtype == torch.bool):
+            raise ValueError(f"{owner}: token ids at {key!r} (row {b}) have dtype {r.dtype}; token ids must be an "
+                             f"integer tensor (torch.long). Pass the tokenizer's integer ids, not a cast copy.")

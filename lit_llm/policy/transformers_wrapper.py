@@ -29,7 +29,7 @@ from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens
 from lit_llm.policy.common import LLMWrapperBase
 from lit_llm.policy.dists import DistLayout
 from lit_llm.policy.generation import generate_tokens, pad_rows, resolve_generation_config, standardize_generate_kwargs
-from lit_llm.policy.inputs import LogProbInputsMixin
+from lit_llm.policy.inputs import LogProbInputsMixin, check_id_dtype
 from lit_llm.policy.logprobs import completion_hidden_states, lm_head, model_token_log_probs, token_hidden_states
 from lit_llm.policy.rows import _key, read_rows, read_strings
 from lit_llm.policy.sampling import row_seed
@@ -128,6 +128,7 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         share_prompts: bool = True,
     ) -> None:
         super().__init__()
+        model, tokenizer = _resolve_model(model, tokenizer)
         self.generate_kwargs = standardize_generate_kwargs(generate_kwargs)
         self.generation_config = resolve_generation_config(self.generate_kwargs, model, tokenizer)
         # as passed (None = derived below), so get_new_version re-derives them from overridden generate_kwargs
@@ -207,6 +208,7 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         ids = read_rows(td, key)
         if ids is None:
             raise self._missing(td, key, "prompt ids, 1-D per row")
+        check_id_dtype(ids, key, type(self).__name__)
         return [r.long() for r in ids], None, None, None
 
     def _tokens_padded(self, td: TensorDictBase) -> bool:
@@ -378,3 +380,31 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
                           [a.to(self.device) for a in asst], False, side="left"))
         return TensorDict({"logits": aligned, self.tokens_key: Tokens(full=ids, padded=True, batch_size=batch),
                            self.masks_key: masks}, batch_size=batch)
+
+
+def _resolve_model(model: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """A model given by name or folder is loaded with :func:`lit_llm.models.load_model` (with its tokenizer when
+    none is given); anything else that is not a module is refused now, not at the first call.
+
+    Raises:
+        ValueError: a string :func:`~lit_llm.models.load_model` cannot resolve (names the accepted forms), or a model
+            that is not a ``torch.nn.Module``.
+    """
+    import os
+
+    if isinstance(model, (str, os.PathLike)):
+        from lit_llm.models import DEFAULT_MODEL, load_model
+
+        try:
+            loaded, loaded_tok = load_model(model)
+        except FileNotFoundError as e:
+            raise ValueError(
+                f"TransformersWrapper: model={str(model)!r} cannot be loaded: {e} Pass a loaded model instead "
+                f"(model, tokenizer = lit_llm.models.load_model(...)), the embedded default {DEFAULT_MODEL!r}, or "
+                f"a local HF folder."
+            ) from e
+        return loaded, tokenizer if tokenizer is not None else loaded_tok
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"TransformersWrapper: model must be a torch.nn.Module (an HF causal LM), a model name or a "
+                         f"local folder for lit_llm.models.load_model; got {type(model).__name__}.")
+    return model, tokenizer

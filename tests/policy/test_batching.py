@@ -132,7 +132,7 @@ def test_settings_and_state():
     assert p.get_batching_state() == {
         "batching_enabled": True, "min_batch_size": 2, "max_batch_size": 3, "batching_timeout": 0.5, "queue_size": 0,
         "pending_requests": 0, "processing": False, "processing_rows": 0, "worker_alive": False, "batches_run": 0,
-        "rows_run": 0}
+        "rows_run": 0, "timeout": 0.5, "pending_futures": 0, "lock_state": "unlocked"}  # + TorchRL's names
     q = FakePolicy(batching=True)
     assert q._batching_settings() == dict(batching=True, min_batch_size=None, max_batch_size=None,
                                           batching_timeout=10.0)
