@@ -319,11 +319,7 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
         out = self(tensordict)
         base = _key(self.log_probs_key)
         key = (*base, "response")
-        try:
-            present = out.get(key, None) is not None
-        except RuntimeError:  # ragged rows that cannot be stacked: they exist
-            present = True
-        if not present:
+        if key not in out.keys(include_nested=True):  # checked by name: reading would stack ragged rows
             key = (*base, "full")
         if not any(get_kwargs.get(k) for k in ("as_list", "as_padded_tensor", "as_nested_tensor")):
             try:

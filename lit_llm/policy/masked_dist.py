@@ -17,7 +17,7 @@ import torch.distributions as D
 from torch import Tensor
 
 from lit_llm.distributions import LLMMaskedCategorical, _check_mask
-from lit_llm.policy.kernel import IGNORE_INDEX, _check_scalars, chunked_token_log_probs
+from lit_llm.policy.kernel import IGNORE_INDEX, _check_scalars, _chunk_logits, chunked_token_log_probs
 
 __all__ = ["ChunkedLLMMaskedCategorical"]
 
@@ -136,41 +136,25 @@ class ChunkedLLMMaskedCategorical(LLMMaskedCategorical):
 
     # --- full-logit views (materialised on demand) -----------------------------------------------------------------
     @property
+    def _logits(self) -> Tensor:
+        # the base class's probs / masked_logits / mode / sample read this: materialised on each access, never cached
+        dtype = self._mm_dtype()
+        h = self._hidden.reshape(-1, self._hidden.shape[-1])
+        with torch.autocast(self._hidden.device.type, enabled=False):
+            z = _chunk_logits(h, self._weight.to(dtype), self._bias, self.temperature, dtype)
+        return z.reshape(*self.batch_shape, z.shape[-1])
+
+    @property
     def logits(self) -> Tensor:
         """Tempered logits ``(hidden @ weight.T + bias) / temperature``, fp32 ``[..., T, V]`` (fp64 for fp64 inputs),
         at every position (masked ones included), with autograd.
 
-        Computed on each access and not cached: this is the ``[..., T, V]`` tensor the class exists to avoid. The
-        matmul runs in ``matmul_dtype`` with autocast off, as in the kernel.
+        Computed on each access and not cached: this is the ``[..., T, V]`` tensor the class exists to avoid (so are
+        ``probs``, ``masked_logits``, ``mode`` and ``sample``, inherited, which read it). The matmul runs in
+        ``matmul_dtype`` with autocast off, as in the kernel. For the argmax of the *given* tokens (token accuracy)
+        use ``log_prob_and_entropy(value, return_hits=True)``, which needs no extra LM-head pass.
         """
-        dtype = self._mm_dtype()
-        with torch.autocast(self._hidden.device.type, enabled=False):
-            h = self._hidden.to(dtype)
-            z = torch.nn.functional.linear(h, self._weight.to(dtype),
-                                           None if self._bias is None else self._bias.to(dtype))
-        z = z.to(torch.promote_types(z.dtype, torch.float32))
-        return z if self.temperature == 1.0 else z / self.temperature
-
-    @property
-    def probs(self) -> Tensor:
-        """``softmax(logits)`` fp32 ``[..., T, V]`` at every position (materialises the logits)."""
-        return torch.softmax(self.logits, dim=-1)
-
-    @property
-    def masked_logits(self) -> Tensor:
-        """The logits with every entry of masked positions set to the dtype's lowest value ``[..., T, V]``."""
-        logits = self.logits
-        return logits.masked_fill(~self._mask.unsqueeze(-1), torch.finfo(logits.dtype).min)
-
-    @property
-    def mode(self) -> Tensor:
-        """``argmax(logits)`` per position (long ``[..., T]``), ``ignore_index`` at masked positions.
-
-        Materialises the logits; for the argmax of the *given* tokens (token accuracy) use
-        ``log_prob_and_entropy(value, return_hits=True)``, which needs no extra LM-head pass.
-        """
-        with torch.no_grad():
-            return self.logits.argmax(-1).masked_fill(~self._mask, self.ignore_index)
+        return self._logits
 
     # --- scores (chunked kernel) -----------------------------------------------------------------------------------
     def log_prob(self, value: Tensor) -> Tensor:
