@@ -321,7 +321,8 @@ def arithmetic_examples(num: int, num_val: int = 0, *, seed: int = 0, low: int =
 
 # ------------------------------------------------------------------------------------------------------- tokenising
 def tokenize_example(example: Example, tokenizer: Any, *, chat_template: str | os.PathLike | None = None,
-                     max_length: int | None = None) -> TokenizedExample:
+                     max_length: int | None = None,
+                     chat_template_kwargs: dict[str, Any] | None = None) -> TokenizedExample:
     """Tokenise one example: one render of the full conversation (ids + assistant mask) and one of the prompt.
 
     Args:
@@ -329,6 +330,7 @@ def tokenize_example(example: Example, tokenizer: Any, *, chat_template: str | o
         tokenizer: an HF tokenizer.
         chat_template: a Jinja string or ``.jinja`` path; ``None`` = the tokenizer's own.
         max_length: keep the first ``max_length`` tokens (the start of the conversation); ``None`` = no limit.
+        chat_template_kwargs: extra template variables for both renders (e.g. ``{"enable_thinking": False}``).
 
     Returns:
         The :class:`TokenizedExample` (``[T]`` tensors, ``T <= max_length``).
@@ -339,11 +341,12 @@ def tokenize_example(example: Example, tokenizer: Any, *, chat_template: str | o
     """
     from lit_llm.data.history import History
 
+    kw = dict(chat_template_kwargs or {})
     try:
         full = History.from_chats(example.messages).apply_chat_template(
-            tokenizer, chat_template=chat_template, return_dict=True, return_assistant_tokens_mask=True)
+            tokenizer, chat_template=chat_template, return_dict=True, return_assistant_tokens_mask=True, **kw)
         prompt_ids = History.from_chats(example.messages[: example.num_prompt_messages]).apply_chat_template(
-            tokenizer, chat_template=chat_template, add_generation_prompt=True, return_dict=False).long()
+            tokenizer, chat_template=chat_template, add_generation_prompt=True, return_dict=False, **kw).long()
         ids, assistant = full["input_ids"].long(), full["assistant_masks"].bool()
         check_prefix(prompt_ids, ids, template_name=template_display_name(chat_template))
     except (ValueError, TypeError, KeyError) as e:

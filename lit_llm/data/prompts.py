@@ -12,7 +12,8 @@ __all__ = ["tokenize_prompts"]
 
 
 def tokenize_prompts(prompts: Sequence[str | Sequence[Mapping[str, Any]]], tokenizer: Any, *,
-                     chat_template: str | None = None) -> list[Tensor]:
+                     chat_template: str | None = None,
+                     chat_template_kwargs: Mapping[str, Any] | None = None) -> list[Tensor]:
     """Token ids the model continues for each prompt.
 
     Chat prompts (message lists) are rendered with ``add_generation_prompt=True`` through
@@ -23,6 +24,7 @@ def tokenize_prompts(prompts: Sequence[str | Sequence[Mapping[str, Any]]], token
         prompts: ``P`` prompts, each a string or a list of ``{"role", "content"}`` messages.
         tokenizer: a Hugging Face tokenizer.
         chat_template: Jinja string or ``.jinja`` path (``None`` = the tokenizer's own).
+        chat_template_kwargs: extra template variables of chat prompts (e.g. ``{"enable_thinking": False}``).
 
     Returns:
         ``P`` 1-D ``torch.long`` tensors.
@@ -39,7 +41,8 @@ def tokenize_prompts(prompts: Sequence[str | Sequence[Mapping[str, Any]]], token
             ids = torch.as_tensor(tokenizer(p, add_special_tokens=False)["input_ids"], dtype=torch.long)
         elif isinstance(p, Sequence) and p and all(isinstance(m, Mapping) for m in p):
             ids = History.from_chats([dict(m) for m in p]).apply_chat_template(
-                tokenizer, chat_template=chat_template, add_generation_prompt=True, return_dict=False).long()
+                tokenizer, chat_template=chat_template, add_generation_prompt=True, return_dict=False,
+                **dict(chat_template_kwargs or {})).long()
         else:
             raise ValueError(f"prompt {i}: expected a string or a non-empty list of {{'role', 'content'}} messages, "
                              f"got {p!r:.120}. Fix the 'prompt' column of the prompt batch.")
