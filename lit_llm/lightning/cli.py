@@ -43,7 +43,8 @@ from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
 from lit_llm.lightning.module import PolicyModule
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 
-__all__ = ["EXTRA_COMMANDS", "LitLLMCLI", "LitLLMSaveConfig", "checkpoint_dir", "default_loggers", "main"]
+__all__ = ["EXTRA_COMMANDS", "LitLLMCLI", "LitLLMSaveConfig", "checkpoint_dir", "default_loggers", "main",
+           "route_optimizer_options"]
 
 # Manual optimisation is deliberate (see lit_llm.lightning.module); a step-N checkpoint holds the weights after N steps.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -66,6 +67,63 @@ def default_loggers(root: str | None, *, wandb: bool) -> list[Any]:
         offline = not os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") == "offline"
         loggers.append(WandbLogger(save_dir=root, project="lit-llm", offline=offline))
     return loggers
+
+
+def _is_untouched_default(key: str, value: Any) -> bool:
+    """Whether the module's ``optimizer`` / ``lr_scheduler`` value is the class default (AdamW with torch's default
+    arguments / no scheduler), i.e. nothing the user set."""
+    if value is None:
+        return True
+    if key != "optimizer":
+        return False
+    import inspect
+
+    import torch
+
+    if getattr(value, "class_path", None) != "torch.optim.AdamW":
+        return False
+    defaults = {n: p.default for n, p in inspect.signature(torch.optim.AdamW).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    given = dict(vars(value.init_args)) if getattr(value, "init_args", None) is not None else {}
+    return all(defaults.get(k, object()) == (tuple(v) if isinstance(v, list) else v) for k, v in given.items())
+
+
+def _describe(value: Any) -> str:
+    init = getattr(value, "init_args", None)
+    lr = getattr(init, "lr", None) if init is not None else None
+    return f"{getattr(value, 'class_path', value)}" + (f" (lr={lr})" if lr is not None else "")
+
+
+def route_optimizer_options(config: Any) -> None:
+    """LightningCLI's top-level ``--optimizer`` / ``--lr_scheduler`` in a lit_llm run.
+
+    lit_llm modules optimise manually over the policy's trainable parameters with the factories given as
+    ``model.init_args.optimizer`` / ``model.init_args.lr_scheduler``; LightningCLI's own options would replace the
+    module's ``configure_optimizers`` (all parameters, the module's setting dropped with only a warning). So a
+    top-level option is moved into the module when the module's is unset (its default: AdamW with torch's defaults /
+    no scheduler), and is an error when both are set.
+
+    Raises:
+        ValueError: both ``--optimizer`` and ``model.init_args.optimizer`` (or both ``--lr_scheduler`` and
+            ``model.init_args.lr_scheduler``) are set; the message names both values and the option to use.
+    """
+    model = config.get("model")
+    init = model.get("init_args") if model is not None and hasattr(model, "get") else None
+    if init is None:
+        return
+    for key in ("optimizer", "lr_scheduler"):
+        top = config.get(key)
+        if top is None:
+            continue
+        mine = init.get(key)
+        if not _is_untouched_default(key, mine):
+            raise ValueError(
+                f"--{key} {_describe(top)} and model.init_args.{key} {_describe(mine)} (from the config) both set "
+                f"the {key}; lit_llm modules take it from model.init_args.{key}. Give one of them: e.g. "
+                f"--model.init_args.{key} {getattr(top, 'class_path', top)} (and --model.init_args.{key}.lr ...), "
+                f"or remove {key} from the config's model section.")
+        init[key] = top
+        config[key] = None
 
 
 class LitLLMSaveConfig(SaveConfigCallback):
@@ -97,8 +155,10 @@ class LitLLMCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """Resolve ``trainer.precision`` (``auto``) in the parsed config, so that the Trainer and the saved
-        ``config.yaml`` both get the concrete value, and say what was chosen."""
+        ``config.yaml`` both get the concrete value, and say what was chosen; route LightningCLI's top-level
+        ``--optimizer`` / ``--lr_scheduler`` into the module (:func:`route_optimizer_options`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
+        route_optimizer_options(config)
         trainer_cfg = config.get("trainer")
         if trainer_cfg is None:
             return

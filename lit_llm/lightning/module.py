@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_warn
 from tensordict import TensorDict
 from torch import Tensor
 from torchmetrics import SumMetric
@@ -112,6 +113,55 @@ class PolicyModule(LightningModule):
         if t.gradient_clip_val:
             raise ValueError(f"trainer.gradient_clip_val={t.gradient_clip_val} is not used with manual optimisation; "
                              f"set model.grad_clip instead.")
+
+    # ------------------------------------------------------------------------------------------------ resuming
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the optimizer classes (``"lit_llm_optimizers"``), so that a resume can name a changed one."""
+        opts = self.trainer.optimizers if self._trainer is not None else []
+        checkpoint["lit_llm_optimizers"] = [f"{type(o).__module__}.{type(o).__qualname__}" for o in opts]
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep what :meth:`on_train_start` compares with the optimizer this run configured."""
+        self._resumed_optimizers = (checkpoint.get("lit_llm_optimizers"),
+                                    [o.get("param_groups", []) for o in checkpoint.get("optimizer_states", [])])
+
+    def on_train_start(self) -> None:
+        """After a resume: refuse another optimizer class, warn about a configured lr that the checkpoint overrides.
+
+        Lightning restores the checkpoint's optimizer state, param groups included, into the optimizer this run
+        built; another class then fails at its first step (e.g. ``KeyError: 'momentum'``) and a changed ``lr`` is
+        silently replaced by the saved one.
+
+        Raises:
+            ValueError: the checkpoint was written with another optimizer class (both named) or with param groups
+                that lack this optimizer's hyperparameters.
+        """
+        saved = getattr(self, "_resumed_optimizers", None)
+        if saved is None:
+            return
+        self._resumed_optimizers = None
+        names, groups = saved
+        for i, opt in enumerate(self.trainer.optimizers):
+            mine = f"{type(opt).__module__}.{type(opt).__qualname__}"
+            theirs = names[i] if names and i < len(names) else None
+            missing = sorted(set(opt.defaults) - set(groups[i][0])) if i < len(groups) and groups[i] else []
+            if (theirs is not None and theirs != mine) or missing:
+                was = theirs or f"an optimizer whose param groups lack {missing}"
+                raise ValueError(
+                    f"Resuming with optimizer {mine}, but the checkpoint was written by {was}; its optimizer state "
+                    f"cannot be restored into {mine}. Resume with the checkpoint's optimizer "
+                    f"(model.init_args.optimizer), or start a new run from the weights "
+                    f"(lit-llm export, then model: <exported folder>).")
+            configured = opt.defaults.get("lr")
+            for g in opt.param_groups:
+                restored = g.get("initial_lr", g.get("lr"))
+                if configured is not None and restored is not None and not math.isclose(
+                        float(configured), float(restored), rel_tol=1e-9, abs_tol=0.0):
+                    rank_zero_warn(
+                        f"The configured learning rate {configured} is ignored on resume: Lightning restored the "
+                        f"checkpoint's optimizer state, whose lr is {restored}. To train on with another lr, start a "
+                        f"new run from the exported weights, or use an lr_scheduler.")
+                    break
 
     versions: PolicyVersionSwitch
 
