@@ -18,6 +18,8 @@ Added to LightningCLI's own arguments:
   built to ``bf16-mixed`` where bf16 matmuls are native (CUDA with bf16, CPUs with AVX512-BF16 or AMX) and to
   ``32-true`` elsewhere; one line says what was chosen and why, the saved ``<log dir>/config.yaml`` holds the resolved
   value and the loggers get it as the ``precision`` hyperparameter. Forcing bf16 where it is not native warns.
+* a :class:`~lit_llm.lightning.progress.StepProgressBar` (progress over ``max_steps`` with the run's ETA; plain
+  flushed lines when stdout is not a terminal) whenever ``trainer.enable_progress_bar`` is true.
 * ``--wandb``: when ``trainer.logger`` is left unset, the loggers are a ``CSVLogger`` (always) plus, with
   ``--wandb true`` (the default), a ``WandbLogger`` (offline unless ``WANDB_API_KEY`` is set), both under
   ``trainer.default_root_dir``.
@@ -36,12 +38,14 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
 from lit_llm.lightning.module import PolicyModule
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
+from lit_llm.lightning.progress import StepProgressBar
 
 __all__ = ["EXTRA_COMMANDS", "LitLLMCLI", "LitLLMSaveConfig", "checkpoint_dir", "default_loggers", "main",
            "route_optimizer_options"]
@@ -167,7 +171,14 @@ class LitLLMCLI(LightningCLI):
         rank_zero_only(print)(line, flush=True)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The Trainer, with the default loggers (above) and, when ``trainer.enable_progress_bar`` is true and no
+        progress bar is configured, a :class:`~lit_llm.lightning.progress.StepProgressBar`."""
         trainer_cfg = self._get(self.config_init, "trainer", default={})
+        callbacks = trainer_cfg.get("callbacks")
+        callbacks = list(callbacks) if isinstance(callbacks, list) else ([] if callbacks is None else [callbacks])
+        if trainer_cfg.get("enable_progress_bar") is not False and "callbacks" not in kwargs and not any(
+                isinstance(c, ProgressBar) for c in callbacks):
+            kwargs["callbacks"] = [*callbacks, StepProgressBar()]
         if trainer_cfg.get("logger") in (None, True) and "logger" not in kwargs:
             kwargs["logger"] = default_loggers(trainer_cfg.get("default_root_dir"),
                                                wandb=bool(self._get(self.config, "wandb", True)))
