@@ -28,6 +28,7 @@ from lit_llm.lightning.cli import default_loggers
 from lit_llm.lightning.grpo import GRPOModule
 from lit_llm.lightning.grpo_data import GRPODataModule
 from lit_llm.lightning.precision import PRECISION_VALUES, explain_precision
+from lit_llm.lightning.progress import StepProgressBar
 
 REWARDS = ["lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
            "lit_llm.rewards:strict_number_format_reward"]
@@ -95,7 +96,7 @@ def build(argv: Sequence[str] | None = None) -> tuple[GRPOModule, GRPODataModule
         val_check_interval=args.eval_every, check_val_every_n_epoch=None, num_sanity_val_steps=-1,
         enable_progress_bar=True, logger=default_loggers(str(out), wandb=args.wandb),
         callbacks=[StepCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=1,
-                                  every_n_train_steps=args.checkpoint_every)],
+                                  every_n_train_steps=args.checkpoint_every), StepProgressBar()],
     )
     return module, data, trainer_kwargs
 

@@ -26,6 +26,7 @@ from lit_llm.lightning.callbacks import StepCheckpoint
 from lit_llm.lightning.cli import default_loggers
 from lit_llm.lightning.export import export_checkpoint
 from lit_llm.lightning.precision import PRECISION_VALUES, explain_precision
+from lit_llm.lightning.progress import StepProgressBar
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -85,7 +86,7 @@ def build(argv: Sequence[str] | None = None) -> tuple[SFTModule, SFTDataModule, 
         check_val_every_n_epoch=None, limit_val_batches=8, num_sanity_val_steps=0,
         logger=default_loggers(str(out), wandb=args.wandb),
         callbacks=[StepCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=1, every_n_train_steps=16),
-                   ValidationSamples(num_samples=4, max_new_tokens=128)],
+                   ValidationSamples(num_samples=4, max_new_tokens=128), StepProgressBar()],
     )
     return module, data, trainer_kwargs
 

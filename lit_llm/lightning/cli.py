@@ -20,9 +20,10 @@ Added to LightningCLI's own arguments:
   value and the loggers get it as the ``precision`` hyperparameter. Forcing bf16 where it is not native warns.
 * a :class:`~lit_llm.lightning.progress.StepProgressBar` (progress over ``max_steps`` with the run's ETA; plain
   flushed lines when stdout is not a terminal) whenever ``trainer.enable_progress_bar`` is true.
-* ``--wandb``: when ``trainer.logger`` is left unset, the loggers are a ``CSVLogger`` (always) plus, with
-  ``--wandb true`` (the default), a ``WandbLogger`` (offline unless ``WANDB_API_KEY`` is set), both under
-  ``trainer.default_root_dir``.
+* loggers (:func:`default_loggers`): ``trainer.logger`` keeps Lightning's meaning (a logger or a list of them;
+  ``false`` = none at all), and beside it ``--csv true`` (the default) always adds a ``CSVLogger`` (``lit-llm plot``
+  reads it) and ``--wandb true`` (the default) a ``WandbLogger`` (offline unless ``WANDB_API_KEY`` is set; options
+  ``--wandb_project``, ``--wandb_name``, ``--wandb_tags``), all under ``trainer.default_root_dir``.
 
 Subcommands other than LightningCLI's are dispatched by :func:`main` before LightningCLI parses (``EXTRA_COMMANDS``):
 ``export`` (HF folder) and ``plot`` (training-curve PNG, :mod:`lit_llm.lightning.plot`).
@@ -59,18 +60,28 @@ def checkpoint_dir(default_root_dir: str | None) -> str:
     return os.path.join(default_root_dir or ".", "checkpoints")
 
 
-def default_loggers(root: str | None, *, wandb: bool) -> list[Any]:
-    """``[CSVLogger]`` (+ ``WandbLogger``, offline without ``WANDB_API_KEY``) under ``root`` (default ``"."``)."""
+def default_loggers(root: str | None, *, wandb: bool, csv: bool = True, loggers: Sequence[Any] = (),
+                    wandb_project: str = "lit-llm", wandb_name: str | None = None,
+                    wandb_tags: Sequence[str] | None = None) -> list[Any]:
+    """The run's loggers under ``root`` (default ``"."``): a ``CSVLogger`` first (``csv``; ``lit-llm plot`` and the
+    completion tables read its folder), then the user's ``loggers`` (``trainer.logger``), then a ``WandbLogger``
+    (``wandb``; offline unless ``WANDB_API_KEY`` is set) with ``wandb_project`` / ``wandb_name`` / ``wandb_tags``.
+    A CSV or W&B logger among ``loggers`` is not added twice."""
     from lightning.pytorch.loggers import CSVLogger
 
     root = root or "."
-    loggers: list[Any] = [CSVLogger(save_dir=root, name="csv")]
-    if wandb:
+    user = list(loggers)
+    out: list[Any] = []
+    if csv and not any(isinstance(lg, CSVLogger) for lg in user):
+        out.append(CSVLogger(save_dir=root, name="csv"))
+    out.extend(user)
+    if wandb and not any(type(lg).__name__ == "WandbLogger" for lg in user):
         from lightning.pytorch.loggers import WandbLogger
 
         offline = not os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") == "offline"
-        loggers.append(WandbLogger(save_dir=root, project="lit-llm", offline=offline))
-    return loggers
+        out.append(WandbLogger(save_dir=root, project=wandb_project, name=wandb_name,
+                               tags=list(wandb_tags) if wandb_tags else None, offline=offline))
+    return out
 
 
 def _is_untouched_default(key: str, value: Any) -> bool:
@@ -155,7 +166,13 @@ class LitLLMCLI(LightningCLI):
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=checkpoint_dir)
         parser.add_lightning_class_args(ValidationSamples, "samples")
         parser.add_argument("--wandb", type=bool, default=True,
-                            help="Add a WandbLogger (offline without WANDB_API_KEY) when trainer.logger is unset.")
+                            help="Add a WandbLogger (offline without WANDB_API_KEY) beside trainer.logger.")
+        parser.add_argument("--wandb_project", type=str, default="lit-llm", help="W&B project of the WandbLogger.")
+        parser.add_argument("--wandb_name", type=str | None, default=None,
+                            help="W&B run name (default: W&B's generated name).")
+        parser.add_argument("--wandb_tags", type=list[str] | None, default=None, help="W&B run tags.")
+        parser.add_argument("--csv", type=bool, default=True,
+                            help="Always add a CSVLogger under trainer.default_root_dir/csv (lit-llm plot reads it).")
 
     def before_instantiate_classes(self) -> None:
         """Resolve ``trainer.precision`` (``auto``) in the parsed config, so that the Trainer and the saved
@@ -179,9 +196,14 @@ class LitLLMCLI(LightningCLI):
         if trainer_cfg.get("enable_progress_bar") is not False and "callbacks" not in kwargs and not any(
                 isinstance(c, ProgressBar) for c in callbacks):
             kwargs["callbacks"] = [*callbacks, StepProgressBar()]
-        if trainer_cfg.get("logger") in (None, True) and "logger" not in kwargs:
-            kwargs["logger"] = default_loggers(trainer_cfg.get("default_root_dir"),
-                                               wandb=bool(self._get(self.config, "wandb", True)))
+        logger = trainer_cfg.get("logger")
+        if logger is not False and "logger" not in kwargs:  # False keeps Lightning's meaning: no logger at all
+            user = [] if logger in (None, True) else list(logger) if isinstance(logger, list) else [logger]
+            kwargs["logger"] = default_loggers(
+                trainer_cfg.get("default_root_dir"), loggers=user, csv=bool(self._get(self.config, "csv", True)),
+                wandb=bool(self._get(self.config, "wandb", True)),
+                wandb_project=self._get(self.config, "wandb_project", "lit-llm"),
+                wandb_name=self._get(self.config, "wandb_name"), wandb_tags=self._get(self.config, "wandb_tags"))
         return super().instantiate_trainer(**kwargs)
 
 

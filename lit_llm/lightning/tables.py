@@ -1,5 +1,5 @@
-"""Text tables of a run: rows appended to a CSV file in the first logger's folder and, with a ``WandbLogger``, logged
-as a wandb table (sampled completions, evaluation answers, validation samples)."""
+"""Text tables of a run (sampled completions, evaluation answers, validation samples): rows appended to a CSV file in
+the first logger's folder (the ``CSVLogger`` the CLI puts first) and logged to every logger that has tables."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from lightning.pytorch import Trainer
 
-__all__ = ["append_csv", "log_table"]
+__all__ = ["append_csv", "log_table", "markdown_table"]
 
 
 def append_csv(trainer: Trainer, name: str, columns: list[str], rows: list[list[Any]]) -> Path:
@@ -35,8 +35,33 @@ def append_csv(trainer: Trainer, name: str, columns: list[str], rows: list[list[
     return path
 
 
-def log_table(trainer: Trainer, key: str, columns: list[str], rows: list[list[Any]]) -> None:
-    """Log ``rows`` as the wandb table ``key`` at the current global step (no-op without a ``WandbLogger``)."""
+def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """``rows`` as a Markdown table (``|`` and newlines in cells escaped), for loggers that take text."""
+
+    def cell(v: Any) -> str:
+        return str(v).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(map(cell, columns)) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def log_table(trainer: Trainer, key: str, columns: list[str], rows: list[list[Any]]) -> list[str]:
+    """Log ``rows`` as the table ``key`` at the current global step to every logger that has tables: a wandb table
+    (``WandbLogger.log_text``), a Markdown text summary (``TensorBoardLogger``: ``add_text``). The CSV copy is
+    :func:`append_csv`'s.
+
+    Returns:
+        The class names of the loggers that got the table.
+    """
+    got = []
     for logger in trainer.loggers:
-        if type(logger).__name__ == "WandbLogger":
+        name = type(logger).__name__
+        if name == "WandbLogger":
             logger.log_text(key=key, columns=columns, data=rows, step=trainer.global_step)
+        elif name == "TensorBoardLogger":
+            logger.experiment.add_text(key, markdown_table(columns, rows), global_step=trainer.global_step)
+        else:
+            continue
+        got.append(name)
+    return got
