@@ -74,7 +74,8 @@ class TrainerState:
     Attributes:
         global_step: the optimizer step the rollouts are for (the trainer's ``global_step`` when they were
             generated; an asynchronous producer generating ahead reports the step it generated at).
-        epoch: epochs done, fractional (``current_epoch + batch_idx / batches_per_epoch``), as transformers counts it.
+        epoch: epochs done, fractional (``current_epoch + batches done in it / batches per epoch``), as
+            transformers counts it.
         max_steps: the optimizer steps of the whole run (``trainer.max_steps``, else Lightning's
             ``estimated_stepping_batches``); -1 when unbounded, 0 when unknown (no trainer).
     """
@@ -257,8 +258,10 @@ def strict_arithmetic_reward(prompts: list, completions: list, completion_ids: l
 
 
 def builtin_rewards() -> dict[str, RewardFn]:
-    """The reward functions shipped in this module (every public ``*_reward``), by name."""
-    return {name: globals()[name] for name in __all__ if name.endswith("_reward")}
+    """The reward functions shipped in this module, by name (what a bare name in ``reward_funcs`` may be)."""
+    fns = (arithmetic_answer_reward, concise_number_reward, gsm8k_answer_reward, strict_arithmetic_reward,
+           strict_number_format_reward)
+    return {fn.__name__: fn for fn in fns}
 
 
 def _is_missing(error: ModuleNotFoundError, module: str) -> bool:

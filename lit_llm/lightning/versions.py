@@ -151,7 +151,8 @@ class PolicyVersionSwitch(Callback):
     def trainer_state(self) -> TrainerState:
         """The :class:`~lit_llm.rewards.TrainerState` the reward functions receive (TRL's ``trainer_state``):
         ``global_step`` (the trainer's now: the step a rollout produced now is for, or, for the asynchronous
-        producer, the step it generates at), ``epoch`` (``current_epoch + batch_idx / num_training_batches``) and
+        producer, the step it generates at), ``epoch`` (epochs done: ``current_epoch + batches completed in it /
+        num_training_batches``, as transformers counts it) and
         ``max_steps`` (``trainer.max_steps``, else ``estimated_stepping_batches``; -1 if unbounded). Plain numbers,
         safe to read from the producer thread; ``TrainerState()`` before the callback is attached to a trainer."""
         trainer = self._trainer
@@ -160,7 +161,7 @@ class PolicyVersionSwitch(Callback):
         epoch = float(trainer.current_epoch)
         batches = trainer.num_training_batches
         if isinstance(batches, int) and batches > 0:
-            epoch += max(trainer.fit_loop.epoch_loop.batch_idx, 0) / batches
+            epoch += trainer.fit_loop.epoch_loop.batch_progress.current.completed / batches
         max_steps = self._max_steps if self._max_steps is not None else int(trainer.max_steps)
         return TrainerState(global_step=int(trainer.global_step), epoch=epoch, max_steps=max_steps)
 
