@@ -349,6 +349,9 @@ def resolve_reward(spec: RewardFn | str) -> RewardFn:
                           f"in the current directory {os.getcwd()}) or 'path/to/file.py:function'.")
     target, sep, attr = text.rpartition(":")
     if not sep:
+        if text.endswith(".py"):
+            raise RewardError(f"Reward function {spec!r} names a file but no function; give "
+                              f"'{text}:function_name'.")
         target, _, attr = text.rpartition(".")
     if not target or not attr:
         raise RewardError(f"Reward function {spec!r} must look like 'module:function' or 'path/to/file.py:function' "

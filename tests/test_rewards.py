@@ -341,6 +341,9 @@ def test_file_path_specs(user_folder, tmp_path_factory):
                                           r"\(looked for .*nowhere/r\.py; a relative path is taken from the current "
                                           r"directory"):
         resolve_reward("nowhere/r.py:fn")
+    with pytest.raises(RewardError, match=r"'my rewards/rewards\.py' names a file but no function; give "
+                                          r"'my rewards/rewards\.py:function_name'"):
+        resolve_reward("my rewards/rewards.py")
     (user_folder / "bad.py").write_text("raise RuntimeError('oops')\n")
     with pytest.raises(RewardError, match=r"Running reward function file '.*bad\.py' of 'bad\.py:fn' raised "
                                           r"RuntimeError: oops"):

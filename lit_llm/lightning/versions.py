@@ -149,12 +149,12 @@ class PolicyVersionSwitch(Callback):
 
     # ------------------------------------------------------------------------------------------------ rollouts
     def trainer_state(self) -> TrainerState:
-        """The :class:`~lit_llm.rewards.TrainerState` the reward functions receive (TRL's ``trainer_state``):
-        ``global_step`` (the trainer's now: the step a rollout produced now is for, or, for the asynchronous
-        producer, the step it generates at), ``epoch`` (epochs done: ``current_epoch + batches completed in it /
-        num_training_batches``, as transformers counts it) and
-        ``max_steps`` (``trainer.max_steps``, else ``estimated_stepping_batches``; -1 if unbounded). Plain numbers,
-        safe to read from the producer thread; ``TrainerState()`` before the callback is attached to a trainer."""
+        """The :class:`~lit_llm.rewards.TrainerState` the reward functions receive (TRL's ``trainer_state``), read
+        from the trainer now: ``global_step`` (the step a synchronous rollout is for; the step the asynchronous
+        producer generates at), ``epoch`` (epochs done: ``current_epoch + batches completed in it /
+        num_training_batches``, as transformers counts it) and ``max_steps`` (``trainer.max_steps``, else
+        ``estimated_stepping_batches``, which counts prompt batches; -1 if unbounded). Plain numbers, safe to read
+        from the producer thread; ``TrainerState()`` before the callback is attached to a trainer."""
         trainer = self._trainer
         if trainer is None:
             return TrainerState()

@@ -143,7 +143,7 @@ class RolloutEngine:
         version: initial policy version (optimizer steps of the weights the policy holds).
         rank: the process rank under DDP, mixed into the seeds (:class:`GRPOModule` sets it).
         trainer_state_fn: returns the :class:`~lit_llm.rewards.TrainerState` the reward functions receive (the
-            trainer's progress when the rollout is scored; set by :class:`~lit_llm.lightning.versions.
+            trainer's progress when a rollout starts; set by :class:`~lit_llm.lightning.versions.
             PolicyVersionSwitch`). ``None``: ``TrainerState(global_step=step)`` of :meth:`rollout`'s ``step``.
 
     Raises:
