@@ -13,6 +13,12 @@ from lit_llm.rewards import RewardError, TrainerState
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.fixture(autouse=True)
+def _run_folder(tmp_path, monkeypatch):
+    """Run in a temporary folder: the evaluation writes eval_samples.csv under the trainer's root (the cwd)."""
+    monkeypatch.chdir(tmp_path)
+
+
 class StateRecorder:
     """A reward function (callable object, TRL signature) that keeps the ``trainer_state`` of every call."""
 
