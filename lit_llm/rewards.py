@@ -1,44 +1,113 @@
-"""Reward functions with TRL's signature, and their checked, weighted combination.
+"""Reward functions with TRL's signature, their import paths, and their checked, weighted combination.
 
-A reward function is ``fn(prompts, completions, completion_ids, **dataset_columns) -> list[float | None]`` as in TRL's
-``GRPOTrainer``: one entry per completion; ``completions`` are strings for text prompts and message lists
-(``[{"role": "assistant", "content": ...}]``) for chat prompts; ``None`` means "does not apply to this sample" and is
-left out of the weighted sum. Completions are expected decoded without special tokens (TRL uses
-``skip_special_tokens=True``), so a stop token does not break the strict rewards.
+A reward function is ``fn(prompts, completions, completion_ids, trainer_state, **dataset_columns) ->
+list[float | None]`` as in TRL's ``GRPOTrainer``: one entry per completion; ``completions`` are strings for text
+prompts and message lists (``[{"role": "assistant", "content": ...}]``) for chat prompts; ``trainer_state`` is a
+:class:`TrainerState` (``global_step``, ``epoch``, ``max_steps``, as TRL's ``trainer_state=self.state``); ``None``
+means "does not apply to this sample" and is left out of the weighted sum. Completions are expected decoded without
+special tokens (TRL uses ``skip_special_tokens=True``), so a stop token does not break the strict rewards.
+
+The built-ins (:func:`builtin_rewards`) never score a missing or unparsable reference answer, or a completion without
+an answer, as correct: a reference that is ``None`` or not a number gives ``None`` (TRL's ``accuracy_reward`` skips
+an unparsable gold answer the same way), a completion without a number gives 0.0.
+
+Reward functions are given as callables or as strings (:func:`resolve_reward`): a built-in's name
+(``"strict_arithmetic_reward"``), ``"package.module:function"`` (importable as is, or from the current directory as
+``python -m`` would import it) or ``"path/to/rewards.py:function"``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import inspect
 import math
+import os
 import re
+import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "REWARD_ARGUMENTS",
     "RewardError",
     "RewardFunctions",
+    "TrainerState",
     "arithmetic_answer_reward",
+    "builtin_rewards",
     "completion_text",
     "concise_number_reward",
     "extract_gsm8k_answer",
     "gsm8k_answer_reward",
     "last_number",
     "normalize_number",
+    "required_columns",
+    "requires_columns",
+    "resolve_reward",
     "strict_arithmetic_reward",
     "strict_number_format_reward",
 ]
 
 RewardFn = Callable[..., Sequence[float | None]]
 
+#: The keyword arguments every reward function receives besides the dataset columns (TRL's ``GRPOTrainer``).
+REWARD_ARGUMENTS = frozenset({"prompts", "completions", "completion_ids", "trainer_state"})
+
 
 class RewardError(ValueError):
     """A reward function failed, returned a bad value, or a reward configuration is invalid."""
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """The training progress every reward function receives as ``trainer_state`` (the fields of TRL's
+    ``trainer_state=self.state``, a ``transformers.TrainerState``, that a reward schedule reads).
+
+    Attributes:
+        global_step: the optimizer step the rollouts are for (the trainer's ``global_step`` when they were
+            generated; an asynchronous producer generating ahead reports the step it generated at).
+        epoch: epochs done, fractional (``current_epoch + batches done in it / batches per epoch``), as
+            transformers counts it.
+        max_steps: the optimizer steps of the whole run (``trainer.max_steps``, else Lightning's
+            ``estimated_stepping_batches``); -1 when unbounded, 0 when unknown (no trainer).
+    """
+
+    global_step: int = 0
+    epoch: float = 0.0
+    max_steps: int = 0
+
+
+def requires_columns(*columns: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: declare the dataset columns a reward function reads from its ``**kwargs`` (its
+    ``required_columns`` attribute, read by :func:`required_columns`), so a dataset without them fails at setup."""
+
+    def mark(fn: RewardFn) -> RewardFn:
+        fn.required_columns = tuple(columns)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def required_columns(fn: RewardFn) -> tuple[str, ...]:
+    """The dataset columns ``fn`` needs: its ``required_columns`` attribute (see :func:`requires_columns`), then every
+    parameter without a default other than :data:`REWARD_ARGUMENTS` (``*args``/``**kwargs`` excluded), in order."""
+    names = list(getattr(fn, "required_columns", ()) or ())
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: nothing to read
+        params = []
+    names += [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in REWARD_ARGUMENTS
+              and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return tuple(dict.fromkeys(names))
+
 
 _NUMBER = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")  # 1,234.5 | 1234 | $5 | -7
 _INTEGER = re.compile(r"-?\d+")
@@ -100,12 +169,22 @@ def _column(kwargs: dict[str, Any], name: str, n: int, fn: str) -> Sequence[Any]
     return col
 
 
+def _reference(ref: Any, *, gsm8k: bool = False) -> Decimal | None:
+    """A reference answer as a number (the whole value; with ``gsm8k`` a string's number after ``####``, else its
+    last number); ``None`` when missing or not a number."""
+    if ref is None or isinstance(ref, bool):
+        return None
+    return extract_gsm8k_answer(ref) if gsm8k and isinstance(ref, str) else normalize_number(ref)
+
+
+@requires_columns("answer")
 def gsm8k_answer_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,
                         ) -> list[float | None]:
-    """1.0 if the completion's final answer equals the reference, else 0.0 (``None`` where the reference is ``None``).
+    """1.0 if the completion's final answer equals the reference, else 0.0; ``None`` where the reference is missing
+    or not a number (the sample is left out, as TRL's ``accuracy_reward`` leaves out an unparsable gold answer).
 
     Reference: column ``answer``; the number after ``####`` (GSM8K format), else the whole value as a number.
-    Completion: the number after its last ``####`` if present, else its last number. Both are normalised
+    Completion: the number after its last ``####`` if present, else its last number (none: 0.0). Both are normalised
     (commas, ``$``, trailing ``.0``) and compared as decimals.
 
     Raises:
@@ -114,27 +193,27 @@ def gsm8k_answer_reward(prompts: list, completions: list, completion_ids: list |
     answers = _column(kwargs, "answer", len(completions), "gsm8k_answer_reward")
     out: list[float | None] = []
     for completion, ref in zip(completions, answers):
-        if ref is None:
-            out.append(None)
-            continue
-        target = extract_gsm8k_answer(ref) if isinstance(ref, str) else normalize_number(ref)
+        target = _reference(ref, gsm8k=True)
         got = extract_gsm8k_answer(completion_text(completion))
-        out.append(float(target is not None and got == target))
+        out.append(None if target is None else float(got is not None and got == target))
     return out
 
 
+@requires_columns("answer")
 def arithmetic_answer_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,
                              ) -> list[float | None]:
-    """Lenient arithmetic match: 1.0 if the last number of the completion equals column ``answer``, else 0.0.
+    """Lenient arithmetic match: 1.0 if the last number of the completion equals column ``answer``, else 0.0 (also
+    when the completion has no number); ``None`` where the answer is missing or not a number.
 
     Raises:
         ValueError: the ``answer`` column is missing or has the wrong length.
     """
     answers = _column(kwargs, "answer", len(completions), "arithmetic_answer_reward")
-    return [
-        None if ref is None else float(last_number(completion_text(c)) == normalize_number(ref))
-        for c, ref in zip(completions, answers)
-    ]
+    out: list[float | None] = []
+    for c, ref in zip(completions, answers):
+        target, got = _reference(ref), last_number(completion_text(c))
+        out.append(None if target is None else float(got is not None and got == target))
+    return out
 
 
 def strict_number_format_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,
@@ -160,9 +239,11 @@ def concise_number_reward(prompts: list, completions: list, completion_ids: list
     return out
 
 
+@requires_columns("answer")
 def strict_arithmetic_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,
                              ) -> list[float | None]:
-    """Strict accuracy: 1.0 if the stripped completion is exactly the integer in column ``answer``, else 0.0.
+    """Strict accuracy: 1.0 if the stripped completion is exactly the integer in column ``answer``, else 0.0;
+    ``None`` where the answer is missing or not a number.
 
     Raises:
         ValueError: the ``answer`` column is missing or has the wrong length.
@@ -170,28 +251,125 @@ def strict_arithmetic_reward(prompts: list, completions: list, completion_ids: l
     answers = _column(kwargs, "answer", len(completions), "strict_arithmetic_reward")
     out: list[float | None] = []
     for c, ref in zip(completions, answers):
-        text = completion_text(c).strip()
-        out.append(None if ref is None else float(_INTEGER.fullmatch(text) is not None
-                                                  and normalize_number(text) == normalize_number(ref)))
+        text, target = completion_text(c).strip(), _reference(ref)
+        out.append(None if target is None else float(_INTEGER.fullmatch(text) is not None
+                                                     and normalize_number(text) == target))
     return out
 
 
-def _resolve(fn: RewardFn | str) -> RewardFn:
-    if callable(fn):
-        return fn
-    if not isinstance(fn, str):
-        raise TypeError(f"A reward function must be a callable or an import path 'module:attr', got {fn!r}.")
-    module, sep, attr = fn.partition(":")
-    if not sep:
-        module, _, attr = fn.rpartition(".")
-    if not module or not attr:
-        raise RewardError(f"Reward function path {fn!r} must look like 'package.module:function'.")
+def builtin_rewards() -> dict[str, RewardFn]:
+    """The reward functions shipped in this module, by name (what a bare name in ``reward_funcs`` may be)."""
+    fns = (arithmetic_answer_reward, concise_number_reward, gsm8k_answer_reward, strict_arithmetic_reward,
+           strict_number_format_reward)
+    return {fn.__name__: fn for fn in fns}
+
+
+def _is_missing(error: ModuleNotFoundError, module: str) -> bool:
+    """Whether ``error`` says ``module`` itself (or a package above it) is missing, not something it imports."""
+    return error.name is not None and (module == error.name or module.startswith(error.name + "."))
+
+
+def _import_module(module: str, spec: str) -> Any:
+    """``module`` imported as is, else from the current directory (put on ``sys.path`` as ``python -m`` does)."""
+    for attempt in range(2):
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if not _is_missing(e, module):
+                raise RewardError(f"Importing module {module!r} of reward function {spec!r} failed: {e} (a module "
+                                  f"it imports is missing; install it).") from e
+            if attempt:
+                cwd, where = os.getcwd(), module.replace(".", "/")
+                raise RewardError(
+                    f"Cannot import module {module!r} of reward function {spec!r}: it is not installed and the "
+                    f"current directory {cwd} has no {where}.py (nor package {where}/). Run from the folder that "
+                    f"holds it, or give the file: 'path/to/{module.rpartition('.')[2]}.py:"
+                    f"{spec.rpartition(':')[2]}'.") from e
+        cwd = os.getcwd()
+        if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+            sys.path.append(cwd)  # appended: a file of the folder never shadows an installed module
+        importlib.invalidate_caches()  # files written since the interpreter started
+    raise AssertionError("unreachable")
+
+
+def _load_file(path: str, spec: str) -> Any:
+    """The module of a Python file (relative to the current directory or absolute), loaded once under a stable name
+    (``lit_llm_reward_file_<stem>_<hash of the path>``, kept in ``sys.modules``)."""
+    file = Path(path).expanduser()
+    file = (file if file.is_absolute() else Path.cwd() / file).resolve()
+    if not file.is_file():
+        raise RewardError(f"Reward function file {path!r} of {spec!r} not found (looked for {file}; a relative path "
+                          f"is taken from the current directory {os.getcwd()}). Fix the path.")
+    stem = re.sub(r"\W", "_", file.stem)
+    name = f"lit_llm_reward_file_{stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:10]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, file)
+    if module_spec is None or module_spec.loader is None:
+        raise RewardError(f"Reward function file {str(file)!r} of {spec!r} is not a Python module; give a .py file.")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # before running it: dataclasses and pickling look the module up by name
     try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise RewardError(f"Cannot import reward function {fn!r}: {e}. Check the module path and the name.") from e
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise RewardError(f"Running reward function file {str(file)!r} of {spec!r} raised {type(e).__name__}: {e}. "
+                          f"Fix the file.") from e
+    return module
+
+
+def resolve_reward(spec: RewardFn | str) -> RewardFn:
+    """The reward function a spec names.
+
+    Args:
+        spec: a callable (returned as is); a built-in's name (``"strict_arithmetic_reward"``, see
+            :func:`builtin_rewards`); ``"package.module:function"`` (``"package.module.function"`` also works): the
+            module imported as is, else from the current directory, which is put on ``sys.path`` (appended) as
+            ``python -m`` does, so ``rewards:my_fn`` finds ``./rewards.py`` without ``PYTHONPATH``; or
+            ``"path/to/file.py:function"`` (relative to the current directory, or absolute), loaded with
+            ``importlib.util.spec_from_file_location`` under a stable module name.
+
+    Raises:
+        RewardError: (a ``ValueError``) an unknown name (listing the built-ins), a module or file that cannot be found
+            or imported, a missing attribute; each names the spec, what was tried and the fix.
+        TypeError: ``spec`` is neither a callable nor a string, or names a non-callable.
+    """
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"A reward function must be a callable or a string (a built-in name, 'module:function' or "
+                        f"'path/to/file.py:function'), got {spec!r}.")
+    builtins = builtin_rewards()
+    text = spec.strip()
+    if not any(c in text for c in (":", ".", "/", os.sep)):
+        if text in builtins:
+            return builtins[text]
+        raise RewardError(f"Unknown reward function {spec!r}: not a built-in. Built-in reward functions: "
+                          f"{sorted(builtins)}. For your own function give 'module:function' (a module importable or "
+                          f"in the current directory {os.getcwd()}) or 'path/to/file.py:function'.")
+    target, sep, attr = text.rpartition(":")
+    if not sep:
+        if text.endswith(".py"):
+            raise RewardError(f"Reward function {spec!r} names a file but no function; give "
+                              f"'{text}:function_name'.")
+        target, _, attr = text.rpartition(".")
+    if not target or not attr:
+        raise RewardError(f"Reward function {spec!r} must look like 'module:function' or 'path/to/file.py:function' "
+                          f"(or a built-in name: {sorted(builtins)}).")
+    is_file = target.endswith(".py") or "/" in target or os.sep in target
+    module = _load_file(target, spec) if is_file else _import_module(target, spec)
+    if not hasattr(module, attr):
+        where = f"file {target!r}" if is_file else f"module {target!r}"
+        if module is sys.modules[__name__]:
+            listed = f"Built-in reward functions: {sorted(builtins)}."
+        else:
+            listed = "Its functions: " + str(sorted(n for n, v in vars(module).items() if inspect.isfunction(v)
+                                                    and not n.startswith("_") and v.__module__ == module.__name__))
+        raise RewardError(f"Cannot import reward function {spec!r}: {where} has no attribute {attr!r}. {listed} "
+                          f"Check the name.")
+    obj = getattr(module, attr)
     if not callable(obj):
-        raise TypeError(f"Reward function {fn!r} resolved to a non-callable {type(obj).__name__}.")
+        raise TypeError(f"Reward function {spec!r} resolved to a non-callable {type(obj).__name__}.")
     return obj
 
 
@@ -207,13 +385,19 @@ class RewardFunctions:
     here that raises unless ``allow_all_none=True`` (then: TRL's behaviour, 0 with a warning).
 
     Args:
-        funcs: callables, or import paths ``"package.module:function"`` (``"package.module.function"`` also works).
+        funcs: callables or specs (:func:`resolve_reward`: a built-in name, ``"module:function"``,
+            ``"path/to/file.py:function"``).
         weights: one float per function; ``None`` means all 1.0.
         allow_all_none: accept samples for which every function returned ``None`` (total 0, with a warning).
 
+    Attributes:
+        funcs, names: the resolved functions and their names.
+        required_columns: function name -> the dataset columns it needs (:func:`required_columns`), checked against
+            a dataset by :meth:`check_columns`.
+
     Raises:
         RewardError: (a ``ValueError``) no function, duplicate names, ``len(weights) != len(funcs)``, non-finite
-            weight, bad import path.
+            weight, an unknown name or a spec that does not resolve (see :func:`resolve_reward`).
         TypeError: an entry is neither callable nor a string.
     """
 
@@ -223,7 +407,7 @@ class RewardFunctions:
             funcs = [funcs]
         if len(funcs) == 0:
             raise RewardError("reward_funcs is empty; give at least one reward function (callable or 'module:attr').")
-        self.funcs: list[RewardFn] = [_resolve(f) for f in funcs]
+        self.funcs: list[RewardFn] = [resolve_reward(f) for f in funcs]
         self.names: list[str] = [_name(f) for f in self.funcs]
         dupes = sorted({n for n in self.names if self.names.count(n) > 1})
         if dupes:
@@ -238,15 +422,32 @@ class RewardFunctions:
             raise RewardError(f"reward_weights must be finite numbers, got {list(weights)}.")
         self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float32)
         self.allow_all_none = allow_all_none
+        self.required_columns: dict[str, tuple[str, ...]] = {n: required_columns(f)
+                                                             for n, f in zip(self.names, self.funcs)}
 
-    def __call__(self, prompts: list, completions: list, completion_ids: list | None = None, **columns: Any,
-                 ) -> tuple[Tensor, dict[str, Tensor]]:
+    def check_columns(self, columns: Iterable[str], *, source: str = "the dataset") -> None:
+        """Check that ``columns`` (the dataset columns the functions will receive) hold every required column.
+
+        Raises:
+            RewardError: naming each function, the column it needs, and ``source``'s columns.
+        """
+        have = set(columns)
+        missing = [(name, col) for name, cols in self.required_columns.items() for col in cols if col not in have]
+        if missing:
+            needs = "; ".join(f"reward function {name!r} needs the column {col!r}" for name, col in missing)
+            raise RewardError(f"{needs}, but {source} has only the columns {sorted(have)}. Add the column to the "
+                              f"dataset, or choose reward functions that read the columns it has.")
+
+    def __call__(self, prompts: list, completions: list, completion_ids: list | None = None,
+                 trainer_state: TrainerState | None = None, **columns: Any) -> tuple[Tensor, dict[str, Tensor]]:
         """Score ``N`` completions.
 
         Args:
             prompts: ``N`` prompts (str or message lists), repeated per generation.
             completions: ``N`` completions (str or message lists).
             completion_ids: ``N`` lists of sampled token ids (passed through).
+            trainer_state: the training progress (:class:`TrainerState`), passed to every function as TRL does;
+                ``None`` (outside training) passes a default ``TrainerState()``.
             **columns: dataset columns, each a list of ``N`` entries, passed to every function.
 
         Returns:
@@ -259,12 +460,14 @@ class RewardFunctions:
                 a non-number, NaN or inf; or a sample got ``None`` from every function (unless ``allow_all_none``).
         """
         n = len(completions)
+        trainer_state = TrainerState() if trainer_state is None else trainer_state
         per_function: dict[str, Tensor] = {}
         for fn, name in zip(self.funcs, self.names):
             try:
-                out = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+                out = fn(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                         trainer_state=trainer_state, **columns)
             except Exception as e:
-                i = self._failing_sample(fn, n, prompts, completions, completion_ids, columns)
+                i = self._failing_sample(fn, n, prompts, completions, completion_ids, trainer_state, columns)
                 where = f"on sample {i} (completion {completions[i]!r:.120})" if i is not None else f"on {n} samples"
                 raise RewardError(f"Reward function {name!r} raised {type(e).__name__}: {e} {where}. Fix the "
                                   f"function or the dataset columns it needs.") from e
@@ -292,7 +495,7 @@ class RewardFunctions:
 
     @staticmethod
     def _failing_sample(fn: RewardFn, n: int, prompts: list, completions: list, completion_ids: list | None,
-                        columns: dict[str, Any]) -> int | None:
+                        trainer_state: TrainerState, columns: dict[str, Any]) -> int | None:
         """Re-run ``fn`` one sample at a time to find the first sample it raises on (only after a failure)."""
 
         def pick(x: Any, i: int) -> Any:
@@ -301,7 +504,7 @@ class RewardFunctions:
         for i in range(n):
             try:
                 fn(prompts=pick(prompts, i), completions=[completions[i]], completion_ids=pick(completion_ids, i),
-                   **{k: pick(v, i) for k, v in columns.items()})
+                   trainer_state=trainer_state, **{k: pick(v, i) for k, v in columns.items()})
             except Exception:
                 return i
         return None

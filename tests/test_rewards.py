@@ -1,8 +1,11 @@
-"""Reward parsing, the built-in rewards and the checked weighted combination (TRL semantics)."""
+"""Reward parsing, the built-in rewards, reward-function specs, required columns, trainer_state and the checked
+weighted combination (TRL semantics)."""
 
 from __future__ import annotations
 
 import math
+import sys
+import uuid
 from decimal import Decimal
 
 import pytest
@@ -13,14 +16,24 @@ from hypothesis import strategies as st
 from lit_llm.rewards import (
     RewardError,
     RewardFunctions,
+    TrainerState,
     arithmetic_answer_reward,
+    builtin_rewards,
+    concise_number_reward,
     extract_gsm8k_answer,
     gsm8k_answer_reward,
     last_number,
     normalize_number,
+    required_columns,
+    requires_columns,
+    resolve_reward,
     strict_arithmetic_reward,
     strict_number_format_reward,
 )
+
+BUILTINS = ["arithmetic_answer_reward", "concise_number_reward", "gsm8k_answer_reward", "strict_arithmetic_reward",
+            "strict_number_format_reward"]
+ANSWER_REWARDS = [arithmetic_answer_reward, gsm8k_answer_reward, strict_arithmetic_reward]
 
 
 def chat(text):
@@ -69,9 +82,9 @@ def test_last_number():
 
 
 def test_gsm8k_answer_reward():
-    answers = ["Work...\n#### 72", "#### 1,000", "#### 5", "#### 5", None]
-    completions = ["She sold 72 clips.", "#### 1000.00", "I think 6, no wait: #### 5", "5 or 6", "42"]
-    assert gsm8k_answer_reward([""] * 5, completions, None, answer=answers) == [1.0, 1.0, 1.0, 0.0, None]
+    answers = ["Work...\n#### 72", "#### 1,000", "#### 5", "#### 5", None, "#### 5"]
+    completions = ["She sold 72 clips.", "#### 1000.00", "I think 6, no wait: #### 5", "5 or 6", "42", "no idea"]
+    assert gsm8k_answer_reward([""] * 6, completions, None, answer=answers) == [1.0, 1.0, 1.0, 0.0, None, 0.0]
     # chat completions: the content of the last message
     assert gsm8k_answer_reward(["q"], [chat("Total: $72")], None, answer=["#### 72"]) == [1.0]
 
@@ -188,3 +201,215 @@ def test_concise_number_reward_hand_values():
     assert concise_number_reward([None] * 7, completions) == pytest.approx(expected)
     chat = [[{"role": "assistant", "content": "It is 12"}]]
     assert concise_number_reward([None], chat) == pytest.approx([2 / 8])
+
+
+# ------------------------------------------------------------------ no built-in scores a missing answer as correct
+def test_unparsable_reference_is_not_correct():
+    """The issue's case: no number in the completion and 'Paris' as the answer used to compare None == None -> 1.0."""
+    assert arithmetic_answer_reward(["q"], ["\n"], answer=["Paris"]) == [None]
+    for fn in ANSWER_REWARDS:
+        for ref in ["Paris", None, "", "  ", float("nan"), "####", True]:
+            for completion in ["\n", "", "Paris", "no number", "12"]:
+                assert fn(["q"], [completion], None, answer=[ref]) == [None], (fn.__name__, ref, completion)
+
+
+def test_completion_without_answer_is_not_correct():
+    for fn in ANSWER_REWARDS:
+        assert fn(["q"] * 3, ["", "\n", "I don't know"], None, answer=["12", " 12 ", 12]) == [0.0, 0.0, 0.0]
+    assert strict_number_format_reward(["q"] * 2, ["", "Paris"]) == [0.0, 0.0]
+    assert concise_number_reward(["q"] * 2, ["", "Paris"]) == [0.0, 0.0]
+
+
+no_digits = st.text(max_size=30).filter(lambda t: not any(c.isdigit() for c in t))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ref=st.one_of(st.none(), no_digits, st.just(float("nan"))), completion=st.text(max_size=30))
+def test_every_builtin_skips_a_reference_without_a_number(ref, completion):
+    """Audit of the built-ins: a missing or digit-free reference is never scored, whatever the completion."""
+    for name in BUILTINS:
+        fn = builtin_rewards()[name]
+        got = fn(["q"], [completion], None, answer=[ref])
+        if "answer" in required_columns(fn):
+            assert got == [None], (name, ref, completion)
+        else:  # format rewards do not read the answer
+            assert got == fn(["q"], [completion], None), name
+
+
+@settings(max_examples=150, deadline=None)
+@given(ref=st.one_of(st.integers(-999, 999), st.text(max_size=20)), completion=no_digits)
+def test_every_builtin_gives_nothing_to_a_completion_without_a_number(ref, completion):
+    """Audit of the built-ins: a completion without a digit never scores above 0 (answer or format)."""
+    for name in BUILTINS:
+        (value,) = builtin_rewards()[name](["q"], [completion], None, answer=[ref])
+        assert value is None or value == 0.0, (name, ref, completion, value)
+
+
+# ----------------------------------------------------------------------------------------------- specs
+def test_builtin_names_resolve_and_unknown_names_list_them():
+    assert sorted(builtin_rewards()) == BUILTINS
+    assert resolve_reward("strict_arithmetic_reward") is strict_arithmetic_reward
+    assert RewardFunctions(["gsm8k_answer_reward"]).funcs == [gsm8k_answer_reward]
+    listed = r"Built-in reward functions: \['arithmetic_answer_reward', 'concise_number_reward', " \
+             r"'gsm8k_answer_reward', 'strict_arithmetic_reward', 'strict_number_format_reward'\]"
+    with pytest.raises(RewardError, match=r"Unknown reward function 'accuracy_reward': not a built-in\. " + listed):
+        RewardFunctions(["accuracy_reward"])
+    with pytest.raises(RewardError, match=r"'lit_llm.rewards:nope': module 'lit_llm.rewards' has no attribute "
+                                          r"'nope'\. " + listed):
+        resolve_reward("lit_llm.rewards:nope")
+    with pytest.raises(TypeError, match="must be a callable or a string"):
+        resolve_reward(3)
+
+
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """An empty working folder that is not on sys.path (as a user's project folder under ``lit-llm fit``), with
+    sys.path and the modules imported from it restored after the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        module = sys.modules[name]
+        if str(tmp_path) in str(getattr(module, "__file__", "") or ""):
+            del sys.modules[name]
+
+
+REWARDS_PY = '''
+def length_reward(prompts, completions, completion_ids=None, **kwargs):
+    return [float(len(c)) for c in completions]
+
+def _helper():
+    return 0
+
+LIMIT = 3
+'''
+
+
+def test_module_from_the_current_directory_without_pythonpath(user_folder):
+    name = f"my_rewards_{uuid.uuid4().hex[:8]}"
+    (user_folder / f"{name}.py").write_text(REWARDS_PY)
+    with pytest.raises(ModuleNotFoundError):  # the folder is not importable as such (no PYTHONPATH=.)
+        __import__(name)
+    fn = resolve_reward(f"{name}:length_reward")
+    assert fn(["q", "q"], ["ab", "abcd"]) == [2.0, 4.0]
+    assert fn.__module__ == name  # imported as `python -m` would: same module name, importable again
+    assert resolve_reward(f"{name}.length_reward") is fn
+    # a package in the folder
+    pkg = user_folder / f"pkg_{name}"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scores.py").write_text(REWARDS_PY)
+    total, _ = RewardFunctions([f"pkg_{name}.scores:length_reward"])(["q"], ["abc"], None)
+    assert total.tolist() == [3.0]
+
+
+def test_module_errors_name_the_spec_and_the_fix(user_folder):
+    name = f"absent_{uuid.uuid4().hex[:8]}"
+    with pytest.raises(RewardError, match=rf"Cannot import module '{name}' of reward function '{name}:fn': it is not "
+                                          rf"installed and the current directory .* has no {name}\.py .*'path/to/"
+                                          rf"{name}\.py:fn'"):
+        resolve_reward(f"{name}:fn")
+    broken = f"broken_{uuid.uuid4().hex[:8]}"
+    (user_folder / f"{broken}.py").write_text("import not_a_real_dependency_xyz\n")
+    with pytest.raises(RewardError, match=rf"Importing module '{broken}' .* No module named "
+                                          r"'not_a_real_dependency_xyz' \(a module it imports is missing"):
+        resolve_reward(f"{broken}:fn")
+    lacking = f"lacking_{uuid.uuid4().hex[:8]}"
+    (user_folder / f"{lacking}.py").write_text(REWARDS_PY)
+    with pytest.raises(RewardError, match=r"has no attribute 'nope'\. Its functions: \['length_reward'\]"):
+        resolve_reward(f"{lacking}:nope")
+    with pytest.raises(TypeError, match="resolved to a non-callable int"):
+        resolve_reward(f"{lacking}:LIMIT")
+
+
+def test_file_path_specs(user_folder, tmp_path_factory):
+    sub = user_folder / "my rewards"
+    sub.mkdir()
+    (sub / "rewards.py").write_text(REWARDS_PY + "\nfrom dataclasses import dataclass\n\n@dataclass\nclass D:\n"
+                                                "    x: int = 1\n")
+    fn = resolve_reward("my rewards/rewards.py:length_reward")
+    assert fn(["q"], ["abcde"]) == [5.0]
+    absolute = resolve_reward(f"{sub / 'rewards.py'}:length_reward")
+    assert absolute is fn  # one stable module per file, loaded once
+    assert sys.modules[fn.__module__].D().x == 1  # registered before running (dataclasses look it up)
+    assert fn.__module__.startswith("lit_llm_reward_file_rewards_")
+    other = tmp_path_factory.mktemp("elsewhere") / "rewards.py"
+    other.write_text(REWARDS_PY.replace("len(c)", "2 * len(c)"))
+    assert resolve_reward(f"{other}:length_reward")(["q"], ["ab"]) == [4.0]  # same stem, different module
+    with pytest.raises(RewardError, match=r"Reward function file 'nowhere/r\.py' of 'nowhere/r\.py:fn' not found "
+                                          r"\(looked for .*nowhere/r\.py; a relative path is taken from the current "
+                                          r"directory"):
+        resolve_reward("nowhere/r.py:fn")
+    with pytest.raises(RewardError, match=r"'my rewards/rewards\.py' names a file but no function; give "
+                                          r"'my rewards/rewards\.py:function_name'"):
+        resolve_reward("my rewards/rewards.py")
+    (user_folder / "bad.py").write_text("raise RuntimeError('oops')\n")
+    with pytest.raises(RewardError, match=r"Running reward function file '.*bad\.py' of 'bad\.py:fn' raised "
+                                          r"RuntimeError: oops"):
+        resolve_reward("bad.py:fn")
+    with pytest.raises(RewardError, match=r"file 'my rewards/rewards.py' has no attribute 'nope'\. Its functions: "
+                                          r"\['length_reward'\]"):
+        resolve_reward("my rewards/rewards.py:nope")
+
+
+# ------------------------------------------------------------------------------------- required columns
+def test_required_columns_from_signatures_and_declarations():
+    def plain(prompts, completions, completion_ids, trainer_state, answer, level, weight=1.0, **kwargs):
+        return [0.0] * len(completions)
+
+    def keyword_only(prompts, completions, *, solution, hint=None, **kwargs):
+        return [0.0] * len(completions)
+
+    @requires_columns("answer")
+    def declared(prompts, completions, completion_ids=None, *, source, **kwargs):
+        return [0.0] * len(completions)
+
+    class Scorer:
+        def __call__(self, prompts, completions, ground_truth, **kwargs):
+            return [0.0] * len(completions)
+
+    assert required_columns(plain) == ("answer", "level")
+    assert required_columns(keyword_only) == ("solution",)
+    assert required_columns(declared) == ("answer", "source")
+    assert required_columns(Scorer()) == ("ground_truth",)
+    assert required_columns(len) == ()  # no signature to read
+    assert {n: required_columns(f) for n, f in builtin_rewards().items()} == {
+        "arithmetic_answer_reward": ("answer",), "concise_number_reward": (), "gsm8k_answer_reward": ("answer",),
+        "strict_arithmetic_reward": ("answer",), "strict_number_format_reward": ()}
+
+
+def test_check_columns_names_function_column_and_dataset_columns():
+    def needs_level(prompts, completions, completion_ids, level, **kwargs):
+        return [float(x) for x in level]
+
+    rf = RewardFunctions([strict_number_format_reward, gsm8k_answer_reward, needs_level])
+    assert rf.required_columns == {"strict_number_format_reward": (), "gsm8k_answer_reward": ("answer",),
+                                   "needs_level": ("level",)}
+    rf.check_columns(["answer", "level", "extra"])
+    with pytest.raises(RewardError, match=r"^reward function 'gsm8k_answer_reward' needs the column 'answer'; reward "
+                                          r"function 'needs_level' needs the column 'level', but the held-out prompts "
+                                          r"has only the columns \['question'\]\. Add the column"):
+        rf.check_columns(["question"], source="the held-out prompts")
+
+
+# ------------------------------------------------------------------------------------------ trainer_state
+def test_trainer_state_reaches_every_function():
+    seen = []
+
+    def record(prompts, completions, completion_ids, trainer_state, **kwargs):
+        seen.append(trainer_state)
+        return [float(trainer_state.global_step)] * len(completions)
+
+    def schedule(prompts, completions, completion_ids, **kwargs):  # TRL style: read it from kwargs
+        state = kwargs["trainer_state"]
+        return [state.global_step / state.max_steps] * len(completions)
+
+    state = TrainerState(global_step=3, epoch=0.5, max_steps=12)
+    total, per = RewardFunctions([record, schedule])(["p"] * 2, ["a", "b"], None, trainer_state=state, answer=[1, 2])
+    assert seen == [state] and seen[0] is state
+    assert per["schedule"].tolist() == [0.25, 0.25] and total.tolist() == [3.25, 3.25]
+    RewardFunctions([record])(["p"], ["a"], None)  # outside training: the default state
+    assert seen[-1] == TrainerState(global_step=0, epoch=0.0, max_steps=0)
+    with pytest.raises(AttributeError):
+        state.global_step = 4  # frozen: a reward function cannot move the trainer

@@ -56,7 +56,7 @@ from lit_llm.objectives.grpo import GRPOObjective
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
 from lit_llm.rollouts import RolloutBatch, RolloutEngine
-from lit_llm.rollouts.engine import _mix_seed
+from lit_llm.rollouts.engine import RESERVED_KEYS, _mix_seed
 
 __all__ = ["DEFAULT_REWARDS", "GRPOModule"]
 
@@ -72,7 +72,12 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
 
     Args:
         model: ``"smollm2-135m-instruct"`` (embedded default), ``"tiny"`` (tests) or a local HF folder.
-        reward_funcs: reward functions (TRL signature), callables or import paths ``"package.module:function"``.
+        reward_funcs: reward functions (TRL signature, :mod:`lit_llm.rewards`): callables or specs, i.e. a
+            built-in's name, ``"module:function"`` (importable, or a module in the current directory) or
+            ``"path/to/rewards.py:function"`` (:func:`~lit_llm.rewards.resolve_reward`). Each receives the prompts,
+            completions, completion ids, ``trainer_state`` (:class:`~lit_llm.rewards.TrainerState`) and the
+            dataset's columns; the columns it needs (:func:`~lit_llm.rewards.required_columns`) are checked against
+            the data module's prompts at ``setup``, before the first rollout.
         reward_weights: one weight per reward function (``None`` = all 1).
         num_generations: completions per prompt ``G`` (>= 2).
         max_new_tokens: generation budget per completion (TRL ``max_completion_length``).
@@ -95,7 +100,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         rollout_seed: seed of the per-row sampling generators, mixed with the step, rank, prompt and generation
             index (``None``: the global RNG).
         eval_reward_funcs: functions averaged over the greedy completions of the held-out prompts (default:
-            ``reward_funcs``), logged as ``eval/<name>``.
+            ``reward_funcs``), logged as ``eval/<name>``; their columns are checked against the held-out prompts.
         eval_max_new_tokens: greedy budget (default ``max_new_tokens``).
         eval_samples: evaluation completions written to ``eval_samples.csv`` per evaluation.
         log_samples_every: optimizer steps between sampled-completion tables (0 = never).
@@ -111,8 +116,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             the cache off).
 
     Raises:
-        ValueError: invalid settings (named in the message); reward-function import errors
-            (:class:`lit_llm.rewards.RewardError`).
+        ValueError: invalid settings (named in the message); reward-function errors
+            (:class:`lit_llm.rewards.RewardError`): an unknown name (listing the built-ins), a spec that does not
+            import; at ``setup``, a column a reward function needs that the prompts lack.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, reward_funcs: Sequence[RewardSpec] = DEFAULT_REWARDS,
@@ -206,9 +212,39 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
     def setup(self, stage: str) -> None:
         """Under DDP, ranks > 0 reseed the global RNG from ``(initial seed, rank)`` (used with ``rollout_seed:
         null``; ``seed_everything`` gives every rank the same one); the engine mixes the rank into its per-row seeds
-        (set by the callback). Weights are unaffected: DDP broadcasts rank 0's at wrap time."""
+        (set by the callback). Weights are unaffected: DDP broadcasts rank 0's at wrap time. Then the reward functions'
+        columns are checked against the data module's prompts (:meth:`check_reward_columns`)."""
         if self.trainer.world_size > 1 and self.global_rank > 0:
             torch.manual_seed(_mix_seed(torch.initial_seed(), 0, self.global_rank))
+        self.check_reward_columns(getattr(self.trainer, "datamodule", None), stage)
+
+    def check_reward_columns(self, datamodule: Any, stage: str) -> None:
+        """Check, before the first rollout, that the prompts hold every column the reward functions need
+        (``reward_funcs`` against the training prompts when fitting, ``eval_reward_funcs`` against the held-out
+        prompts when they exist). The columns are ``datamodule.columns`` when it has them, else the keys of its
+        first ``train_rows`` / ``eval_rows`` row other than ``prompt``, ``prompt_ids`` and ``sample_id``. Nothing
+        to check without a data module (dataloaders passed to ``fit``).
+
+        Raises:
+            lit_llm.rewards.RewardError: naming the function, the missing column and the prompts' columns.
+        """
+        if datamodule is None:
+            return
+        declared = getattr(datamodule, "columns", None)
+        checks = [(self.rewards, "train_rows", "the training prompts")] if stage == "fit" else []
+        if stage in ("fit", "validate"):
+            checks.append((self.eval_rewards, "eval_rows", "the evaluation prompts"))
+        for rewards, attr, source in checks:
+            rows = getattr(datamodule, attr, None)
+            if rows is not None and len(rows) == 0:
+                continue  # no such prompts: nothing will be scored
+            if declared is not None:
+                columns = list(declared)
+            elif rows:
+                columns = [k for k in rows[0] if k not in RESERVED_KEYS]
+            else:
+                continue
+            rewards.check_columns(columns, source=f"{source} of {type(datamodule).__name__}")
 
     # ------------------------------------------------------------------------------------------------- rollouts
     def wrap_train_loader(self, loader: Any) -> Any:

@@ -40,7 +40,9 @@ class GreedyEvaluation:
         return [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in self.greedy_responses(batch)]
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Greedy completions of held-out prompts, scored by ``eval_reward_funcs`` (accumulated per function)."""
+        """Greedy completions of held-out prompts, scored by ``eval_reward_funcs`` (accumulated per function; their
+        ``trainer_state`` is the trainer's progress, :meth:`~lit_llm.lightning.versions.PolicyVersionSwitch.
+        trainer_state`)."""
         resp = self.greedy_responses(batch)
         texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in resp]
         prompts = list(batch["prompt"])
@@ -48,7 +50,8 @@ class GreedyEvaluation:
                        for p, t in zip(prompts, texts)]
         columns = {k: list(v) for k, v in batch.items() if k not in ("prompt", "prompt_ids", "sample_id")}
         _, per_fn = self.eval_rewards(prompts=prompts, completions=completions,
-                                      completion_ids=[r.tolist() for r in resp], **columns)
+                                      completion_ids=[r.tolist() for r in resp],
+                                      trainer_state=self.versions.trainer_state(), **columns)
         for name, values in per_fn.items():
             self.eval_metrics[name].update(values.to(self.device))
         room = self.eval_samples - len(self._eval_rows)

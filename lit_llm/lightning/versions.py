@@ -28,6 +28,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
+from lit_llm.rewards import TrainerState
 from lit_llm.rollouts import AsyncRollouts, RolloutBatch, RolloutEngine, policy_responses
 
 __all__ = ["PolicyVersionSwitch", "StatefulAsyncRollouts"]
@@ -86,12 +87,15 @@ class PolicyVersionSwitch(Callback):
             self.reference_version = type(self.log_prob_version)(reference_model, **{
                 **self.log_prob_version._settings(), **self.log_prob_version._batching_settings()})
         self.engine, self.rollout_mode = engine, rollout_mode
+        if engine is not None:  # the reward functions' trainer_state is this callback's view of the trainer
+            engine.trainer_state_fn = self.trainer_state
         self.sync_every, self.max_staleness = sync_every, max_staleness
         self.async_rollouts: StatefulAsyncRollouts | None = None
         self._greedy: dict[int, Any] = {}
         self._pending: tuple[RolloutBatch | None, int, float] | None = None
         self.num_rollouts = self.num_greedy_calls = self.num_dropped = self.num_syncs = 0
         self._trainer: Trainer | None = None
+        self._max_steps: int | None = None
 
     # ------------------------------------------------------------------------------------------------ switching
     @property
@@ -144,6 +148,23 @@ class PolicyVersionSwitch(Callback):
         return [r.cpu() for r in resp]
 
     # ------------------------------------------------------------------------------------------------ rollouts
+    def trainer_state(self) -> TrainerState:
+        """The :class:`~lit_llm.rewards.TrainerState` the reward functions receive (TRL's ``trainer_state``), read
+        from the trainer now: ``global_step`` (the step a synchronous rollout is for; the step the asynchronous
+        producer generates at), ``epoch`` (epochs done: ``current_epoch + batches completed in it /
+        num_training_batches``, as transformers counts it) and ``max_steps`` (``trainer.max_steps``, else
+        ``estimated_stepping_batches``, which counts prompt batches; -1 if unbounded). Plain numbers, safe to read
+        from the producer thread; ``TrainerState()`` before the callback is attached to a trainer."""
+        trainer = self._trainer
+        if trainer is None:
+            return TrainerState()
+        epoch = float(trainer.current_epoch)
+        batches = trainer.num_training_batches
+        if isinstance(batches, int) and batches > 0:
+            epoch += trainer.fit_loop.epoch_loop.batch_progress.current.completed / batches
+        max_steps = self._max_steps if self._max_steps is not None else int(trainer.max_steps)
+        return TrainerState(global_step=int(trainer.global_step), epoch=epoch, max_steps=max_steps)
+
     def rollout(self, batch: Any, step: int) -> RolloutBatch:
         """Synchronous rollout of a prompt batch at ``step``, from the trained weights (eval mode, no grad)."""
         if self.engine is None:
@@ -168,7 +189,8 @@ class PolicyVersionSwitch(Callback):
             e.policy, loader, max_staleness=2**62 if distributed else self.max_staleness, version=version,
             tokenizer=e.tokenizer, reward_fn=e.reward_fn, num_generations=e.num_generations,
             scale_rewards=e.scale_rewards, seed=e.seed, chat_template=e.chat_template, batching=e.batching,
-            num_workers=e.num_workers, rank=e.rank, rollout_context=self.precision_context)
+            num_workers=e.num_workers, rank=e.rank, rollout_context=self.precision_context,
+            trainer_state_fn=self.trainer_state)
         return self.async_rollouts
 
     def take_rollout(self, batch: Any, step: int) -> tuple[RolloutBatch | None, int, float]:
@@ -200,6 +222,10 @@ class PolicyVersionSwitch(Callback):
             self.engine.rank = trainer.global_rank  # every rank samples from its own stream
         if self.reference_version is not None:
             self.reference_version.model.to(pl_module.device)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        total = trainer.max_steps if trainer.max_steps >= 0 else trainer.estimated_stepping_batches
+        self._max_steps = int(total) if total != float("inf") else -1
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self.engine is not None:

@@ -40,6 +40,7 @@ from lit_llm.objectives.grpo import compute_advantages
 from lit_llm.policy.batching import caller_context, in_context
 from lit_llm.policy.rows import read_rows
 from lit_llm.policy.sampling import _splitmix64
+from lit_llm.rewards import TrainerState
 from lit_llm.rollouts.batch import RolloutBatch
 
 __all__ = ["RESERVED_KEYS", "RolloutEngine", "RolloutError", "policy_responses", "row_seeds"]
@@ -130,8 +131,8 @@ class RolloutEngine:
         policy: the generate version: a :class:`~lit_llm.policy.TransformersWrapper` with ``input_mode="tokens"``,
             ``generate=True`` and ``return_log_probs`` on; its ``generate_kwargs`` hold the sampling settings.
         tokenizer: the policy's tokenizer (prompt rendering and completion decoding).
-        reward_fn: ``fn(prompts, completions, completion_ids, **columns) -> (total [N], {name: [N]})``, e.g.
-            :class:`lit_llm.rewards.RewardFunctions`.
+        reward_fn: ``fn(prompts, completions, completion_ids, trainer_state, **columns) -> (total [N],
+            {name: [N]})``, e.g. :class:`lit_llm.rewards.RewardFunctions`.
         num_generations: completions per prompt ``G`` (>= 2: a group needs a std).
         scale_rewards: ``"group"``, ``"batch"`` or ``"none"`` (see :func:`~lit_llm.objectives.compute_advantages`).
         seed: sampling seed (per-row generators, see the module docstring); ``None``: the global RNG.
@@ -141,6 +142,9 @@ class RolloutEngine:
         num_workers: rollout worker threads with ``batching``; ``None`` = one per prompt group.
         version: initial policy version (optimizer steps of the weights the policy holds).
         rank: the process rank under DDP, mixed into the seeds (:class:`GRPOModule` sets it).
+        trainer_state_fn: returns the :class:`~lit_llm.rewards.TrainerState` the reward functions receive (the
+            trainer's progress when a rollout starts; set by :class:`~lit_llm.lightning.versions.
+            PolicyVersionSwitch`). ``None``: ``TrainerState(global_step=step)`` of :meth:`rollout`'s ``step``.
 
     Raises:
         RolloutError: ``num_generations < 2``, ``num_workers < 1``, a policy that is not a tokens-mode generate
@@ -150,7 +154,8 @@ class RolloutEngine:
     def __init__(self, policy: Any, *, tokenizer: Any, reward_fn: RewardCallable, num_generations: int,
                  scale_rewards: Literal["group", "batch", "none"] = "group", seed: int | None = 0,
                  chat_template: str | None = None, batching: bool = True, num_workers: int | None = None,
-                 version: int = 0, rank: int = 0) -> None:
+                 version: int = 0, rank: int = 0,
+                 trainer_state_fn: Callable[[], TrainerState] | None = None) -> None:
         if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
             raise RolloutError(f"num_generations must be an int >= 2 (GRPO compares completions within a group), got "
                                f"{num_generations!r}; set num_generations to 2 or more.")
@@ -165,6 +170,7 @@ class RolloutEngine:
         self.num_generations, self.scale_rewards, self.seed = num_generations, scale_rewards, seed
         self.chat_template, self.batching, self.num_workers = chat_template, bool(batching), num_workers
         self.version, self.rank = version, int(rank)
+        self.trainer_state_fn = trainer_state_fn
         self.pad_token_id = int(policy.generation_config.pad_token_id)
         self.max_new_tokens = int(policy.generation_config.max_new_tokens)
         self._batched: dict[int, Any] = {}  # rows per call -> batching version of the policy
@@ -232,7 +238,8 @@ class RolloutEngine:
                 [r for res in results for r in res[2]])
 
     # ---------------------------------------------------------------------------------------------- rollouts
-    def rollout(self, batch: Mapping[str, Any], *, step: int = 0, version: int | None = None) -> RolloutBatch:
+    def rollout(self, batch: Mapping[str, Any], *, step: int = 0, version: int | None = None,
+                trainer_state: TrainerState | None = None) -> RolloutBatch:
         """Build the :class:`RolloutBatch` of ``P`` prompts (``N = P * num_generations`` rows).
 
         Args:
@@ -242,6 +249,8 @@ class RolloutEngine:
                 e.g. ``"answer"``), repeated per generation for the reward functions.
             step: the training step (mixed into the per-row seeds).
             version: version of the weights (default :attr:`version`), written to ``policy_version``.
+            trainer_state: passed to the reward functions as ``trainer_state`` (TRL); default:
+                :attr:`trainer_state_fn`'s, else ``TrainerState(global_step=step)``.
 
         Raises:
             RolloutError: no ``"prompt"``, an empty batch, a column or ``prompt_ids`` of the wrong length, a prompt
@@ -266,6 +275,9 @@ class RolloutEngine:
             raise RolloutError(f"prompt batch has {len(ids)} 'prompt_ids' for {n_prompts} prompts; give one each.")
         sample_ids = [str(s) for s in batch.get("sample_id", [f"prompt:{i}" for i in range(n_prompts)])]
         columns = _columns(batch, n_prompts)
+        if trainer_state is None:  # taken before generating: the progress the rollout was generated at
+            trainer_state = (self.trainer_state_fn() if self.trainer_state_fn is not None
+                             else TrainerState(global_step=int(step)))
         rep = [p for p in ids for _ in range(g)]
         seeds = None if self.seed is None else row_seeds(self.seed, step, self.rank, n_prompts, g)
 
@@ -281,7 +293,8 @@ class RolloutEngine:
         rep_prompts = [p for p in prompts for _ in range(g)]
         rep_columns = {k: [v for v in col for _ in range(g)] for k, col in columns.items()}
         total, per_fn = self.reward_fn(prompts=rep_prompts, completions=completions,
-                                       completion_ids=[r.tolist() for r in resp], **rep_columns)
+                                       completion_ids=[r.tolist() for r in resp], trainer_state=trainer_state,
+                                       **rep_columns)
         total = torch.as_tensor(total, dtype=torch.float32).reshape(-1)
         advantages, stats = compute_advantages(total, g, scale_rewards=self.scale_rewards)
         reward_time = time.perf_counter() - t1
