@@ -106,7 +106,7 @@ def test_arithmetic_task_is_deterministic():
 
 @pytest.mark.parametrize(("lines", "match"), [
     (['{"messages": []}', "not json"], r"bad\.jsonl:2: not a JSON object"),
-    (['{"text": "x"}'], r"bad\.jsonl:1: cannot tell the row format .* 'messages'"),
+    (['{"body": "x"}'], r"bad\.jsonl:1: cannot tell the row format .* 'messages'.* 'text'"),
     (['{"messages": [{"role": "user", "content": "q"}]}'], r"bad\.jsonl:1: the conversation has no assistant message"),
     (['{"question": "q"}'], r"bad\.jsonl:1: cannot tell"),
     ([""], r"bad\.jsonl: the file holds no JSON row"),
@@ -165,7 +165,7 @@ def test_every_row_dropped_is_an_error(tmp_path, tokenizer):
 
 
 def test_val_fraction_split_is_disjoint(tokenizer, gsm8k_dir):
-    dm = SFTDataModule(str(gsm8k_dir / "train.jsonl"), format="gsm8k", limit=40, val_fraction=0.25, loss_head="sft")
+    dm = SFTDataModule(str(gsm8k_dir / "train.jsonl"), format="gsm8k", limit=40, eval_fraction=0.25, loss_head="sft")
     dm.tokenizer = tokenizer
     dm.setup("fit")
     train_ids = {s.sample_id for s in dm.train_samples}
@@ -236,7 +236,7 @@ def test_step_loader_shards_ranks():
 
 def test_missing_validation_file_names_its_own_option(tmp_path, tokenizer):
     train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "a", "completion": "b"}])
-    dm = SFTDataModule(str(train), val_path=str(tmp_path / "val.jsonl"), loss_head="sft")
+    dm = SFTDataModule(str(train), eval_path=str(tmp_path / "val.jsonl"), loss_head="sft")
     dm.tokenizer = tokenizer
-    with pytest.raises(FileNotFoundError, match=r"val\.jsonl.*--data\.val_path"):
+    with pytest.raises(FileNotFoundError, match=r"val\.jsonl.*--data\.eval_path"):
         dm.setup("fit")
