@@ -1,5 +1,5 @@
-"""Supervised datasets: JSONL readers (chat / prompt-completion / GSM8K), a synthetic arithmetic task, tokenising
-collate.
+"""Supervised datasets: row readers (chat / prompt-completion / GSM8K / plain text) over JSONL, Parquet, CSV, JSON
+files and Hub datasets (:mod:`lit_llm.data.sources`), a synthetic arithmetic task, tokenising collate.
 
 Every row becomes an :class:`Example` (a conversation plus how many of its messages form the prompt) and then,
 through :meth:`History.apply_chat_template` (one render of the full conversation, DESIGN.md property 3), a
@@ -7,14 +7,19 @@ through :meth:`History.apply_chat_template` (one render of the full conversation
 model inputs. This module never imports the policy or loss layers: choosing which mask trains (the loss head) and
 dropping rows left with nothing to train is the data module's job (``lit_llm.lightning.datamodules``).
 
-Row formats (one JSON object per line; ``format="auto"`` picks by the first row's keys):
+Row formats (TRL's dataset columns; ``format="auto"`` picks by the first row's keys, in this order):
 
 * ``chat``: ``{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}, ...]}``;
   the prompt is every message before the last assistant message.
 * ``prompt_completion``: ``{"prompt": str | messages, "completion": str | messages}``; a string prompt is one user
-  message (after the optional system prompt), a string completion one assistant message.
-* ``gsm8k``: ``{"question": str, "answer": str}``: optional system prompt, the question as the user message and the
-  answer, verbatim (reasoning and ``#### N`` line), as the assistant message.
+  message, a string completion one assistant message.
+* ``gsm8k``: ``{"question": str, "answer": str}``: the question as the user message and the answer, verbatim
+  (reasoning and ``#### N`` line), as the assistant message.
+* ``text``: ``{"text": str}``: plain text (language modelling), no chat template; the text's ids (special-token
+  strings in it stay text, DESIGN.md property 8) plus the EOS id, as TRL's SFT does. It has no prompt or assistant
+  turn, so only the ``generic`` loss head (every token) trains on it.
+
+The optional system prompt is prepended, as a system message, to every prompt that does not begin with one.
 """
 
 from __future__ import annotations
@@ -44,10 +49,13 @@ __all__ = [
     "read_jsonl",
     "row_to_example",
     "tokenize_example",
+    "with_system_prompt",
 ]
 
-RowFormat = Literal["auto", "chat", "prompt_completion", "gsm8k"]
-_KEYS = {"chat": ("messages",), "prompt_completion": ("prompt", "completion"), "gsm8k": ("question", "answer")}
+RowFormat = Literal["auto", "chat", "prompt_completion", "gsm8k", "text"]
+_Format = Literal["chat", "prompt_completion", "gsm8k", "text"]
+_KEYS = {"chat": ("messages",), "prompt_completion": ("prompt", "completion"), "gsm8k": ("question", "answer"),
+         "text": ("text",)}
 
 
 class DataFormatError(ValueError):
@@ -62,14 +70,17 @@ class Example:
         messages: the conversation, ``[{"role": ..., "content": ...}, ...]``.
         num_prompt_messages: how many leading messages form the prompt; the rest is the completion (the ``sft`` head
             trains on the completion's tokens only).
-        sample_id: where the row comes from, ``"file:line"`` (1-based line) or ``"arithmetic:i"``; named in errors.
+        sample_id: where the row comes from, ``"file:line"`` (1-based line), ``"file:row N"`` or
+            ``"arithmetic:i"``; named in errors.
         reference: the completion text (the GSM8K answer, the arithmetic result), shown beside generated samples.
+        text: a plain-text row (``format="text"``): tokenised as it is, no chat template; ``messages`` is then empty.
     """
 
     messages: list[dict[str, Any]]
     num_prompt_messages: int
     sample_id: str
     reference: str = ""
+    text: str | None = None
 
 
 @dataclass
@@ -161,8 +172,9 @@ def _note_skip(skipped: _Skipped | None, sample_id: str, reason: str) -> None:
             skipped.first.append((sample_id, reason))
 
 
-def detect_format(row: dict[str, Any], *, where: str = "<row>") -> Literal["chat", "prompt_completion", "gsm8k"]:
-    """The row format whose keys ``row`` has (``messages`` / ``prompt`` + ``completion`` / ``question`` + ``answer``).
+def detect_format(row: dict[str, Any], *, where: str = "<row>") -> _Format:
+    """The first row format whose keys ``row`` has (``messages`` / ``prompt`` + ``completion`` / ``question`` +
+    ``answer`` / ``text``).
 
     Raises:
         DataFormatError: no format matches; names ``where``, the keys found and the keys expected.
@@ -172,7 +184,7 @@ def detect_format(row: dict[str, Any], *, where: str = "<row>") -> Literal["chat
             return name  # type: ignore[return-value]
     raise DataFormatError(
         f"{where}: cannot tell the row format from its keys {sorted(row)}. Expected 'messages' (chat), 'prompt' + "
-        f"'completion', or 'question' + 'answer' (GSM8K); rename the columns or set --data.format."
+        f"'completion', 'question' + 'answer' (GSM8K) or 'text'; rename the columns or set --data.format."
     )
 
 
@@ -189,16 +201,24 @@ def _messages(value: Any, default_role: str, key: str, where: str) -> list[dict[
                           f"got {type(value).__name__}. Fix the row.")
 
 
-def row_to_example(row: dict[str, Any], fmt: Literal["chat", "prompt_completion", "gsm8k"], *, sample_id: str,
+def with_system_prompt(messages: list[dict[str, Any]], system_prompt: str | None) -> list[dict[str, Any]]:
+    """``messages`` with ``{"role": "system", "content": system_prompt}`` prepended, unless ``system_prompt`` is
+    empty/``None`` or the first message is already a system message (the row's own system prompt wins)."""
+    if not system_prompt or (messages and messages[0].get("role") == "system"):
+        return list(messages)
+    return [{"role": "system", "content": system_prompt}, *messages]
+
+
+def row_to_example(row: dict[str, Any], fmt: _Format, *, sample_id: str,
                    system_prompt: str | None = None) -> Example:
-    """Convert one JSON row to an :class:`Example`.
+    """Convert one row to an :class:`Example`.
 
     Args:
-        row: the parsed JSON object.
-        fmt: ``"chat"``, ``"prompt_completion"`` or ``"gsm8k"`` (see the module docstring).
-        sample_id: ``"file:line"``, named in errors.
-        system_prompt: prepended as a system message to GSM8K rows and to string prompts; never to message lists
-            (they carry their own).
+        row: the row (column -> value).
+        fmt: ``"chat"``, ``"prompt_completion"``, ``"gsm8k"`` or ``"text"`` (see the module docstring).
+        sample_id: ``"file:line"`` / ``"file:row N"``, named in errors.
+        system_prompt: prepended as a system message to every prompt that does not begin with one (see
+            :func:`with_system_prompt`); never to ``text`` rows (they have no template).
 
     Raises:
         DataFormatError: a required key is missing or has the wrong type, or the conversation has no assistant
@@ -208,7 +228,10 @@ def row_to_example(row: dict[str, Any], fmt: Literal["chat", "prompt_completion"
     if missing:
         raise DataFormatError(f"{sample_id}: missing key(s) {missing} for format {fmt!r} (row keys: {sorted(row)}). "
                               f"Fix the row, or choose the right --data.format.")
-    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    if fmt == "text":
+        if not isinstance(row["text"], str) or not row["text"].strip():
+            raise DataFormatError(f"{sample_id}: 'text' must be a non-empty string. Fix the row.")
+        return Example([], 0, sample_id, row["text"], text=row["text"])
     if fmt == "chat":
         if isinstance(row["messages"], str):
             raise DataFormatError(f"{sample_id}: 'messages' must be a list of messages, got a string. Fix the row.")
@@ -217,17 +240,17 @@ def row_to_example(row: dict[str, Any], fmt: Literal["chat", "prompt_completion"
         if last is None:
             raise DataFormatError(f"{sample_id}: the conversation has no assistant message, so nothing to train on. "
                                   f"Add an assistant turn or drop the row (--data.on_bad_row skip).")
+        messages = with_system_prompt(messages, system_prompt)
+        last += len(messages) - len(row["messages"])
         return Example(messages, last, sample_id, messages[last]["content"])
     if fmt == "gsm8k":
         for k in ("question", "answer"):
             if not isinstance(row[k], str) or not row[k].strip():
                 raise DataFormatError(f"{sample_id}: {k!r} must be a non-empty string. Fix the row.")
-        prompt = system + [{"role": "user", "content": row["question"]}]
+        prompt = with_system_prompt([{"role": "user", "content": row["question"]}], system_prompt)
         return Example(prompt + [{"role": "assistant", "content": row["answer"]}], len(prompt), sample_id,
                        row["answer"])
-    prompt = _messages(row["prompt"], "user", "prompt", sample_id)
-    if isinstance(row["prompt"], str):
-        prompt = system + prompt
+    prompt = with_system_prompt(_messages(row["prompt"], "user", "prompt", sample_id), system_prompt)
     completion = _messages(row["completion"], "assistant", "completion", sample_id)
     if not any(m["role"] == "assistant" for m in completion):
         raise DataFormatError(f"{sample_id}: 'completion' has no assistant message, so nothing to train on. Fix the "
@@ -259,30 +282,31 @@ def examples_from_rows(rows: Iterable[tuple[str, dict[str, Any]]], *, fmt: RowFo
 
 def read_examples(path: str | os.PathLike, *, fmt: RowFormat = "auto", system_prompt: str | None = None,
                   on_bad_row: Literal["raise", "skip"] = "raise", limit: int | None = None,
-                  skipped: _Skipped | None = None, option: str = "--data.path") -> list[Example]:
-    """Read a JSONL file into :class:`Example`s (sample ids ``"file:line"``).
+                  skipped: _Skipped | None = None, option: str = "--data.path", split: str = "train") -> list[Example]:
+    """Read a file or Hub dataset into :class:`Example`s (sample ids ``"file:line"`` for JSONL, ``"file:row N"``
+    for Parquet / CSV / JSON, ``"name:split:row N"`` for the Hub; see :func:`lit_llm.data.sources.read_rows`).
 
     Args:
-        path: the JSONL file.
+        path: a ``.jsonl`` / ``.parquet`` / ``.csv`` / ``.tsv`` / ``.json`` file, or a Hub dataset spec.
         fmt: the row format, or ``"auto"``.
         system_prompt: see :func:`row_to_example`.
         on_bad_row: ``"raise"`` (stop, naming the line) or ``"skip"`` (count in ``skipped``).
         limit: keep only the first ``limit`` rows (``None`` = all).
         skipped: collects skipped rows.
         option: the CLI option that holds ``path``, named when the file is missing.
+        split: the Hub split when ``path`` names none.
 
     Raises:
-        FileNotFoundError, DataFormatError: see :func:`read_jsonl` and :func:`row_to_example`; also when every row
-            was skipped.
+        FileNotFoundError, DataFormatError: see :func:`lit_llm.data.sources.read_rows` and :func:`row_to_example`;
+            also when every row was skipped.
     """
-    rows = read_jsonl(path, on_bad_row=on_bad_row, skipped=skipped, option=option)
-    if limit is not None:
-        rows = rows[:limit]
-    name = str(Path(path).expanduser())
-    examples = examples_from_rows(((f"{name}:{ln}", r) for ln, r in rows), fmt=fmt, system_prompt=system_prompt,
-                                  on_bad_row=on_bad_row, skipped=skipped)
+    from lit_llm.data.sources import read_rows
+
+    rows = read_rows(path, split=split, option=option, on_bad_row=on_bad_row, skipped=skipped, limit=limit)
+    examples = examples_from_rows(rows, fmt=fmt, system_prompt=system_prompt, on_bad_row=on_bad_row,
+                                  skipped=skipped)
     if not examples:
-        raise DataFormatError(f"{name}: every row was skipped as bad (see the warnings); fix the file.")
+        raise DataFormatError(f"{path}: every row was skipped as bad (see the warnings); fix the file.")
     return examples
 
 
@@ -341,6 +365,8 @@ def tokenize_example(example: Example, tokenizer: Any, *, chat_template: str | o
     """
     from lit_llm.data.history import History
 
+    if example.text is not None:
+        return _tokenize_text(example, tokenizer, max_length)
     kw = dict(chat_template_kwargs or {})
     try:
         full = History.from_chats(example.messages).apply_chat_template(
@@ -358,6 +384,23 @@ def tokenize_example(example: Example, tokenizer: Any, *, chat_template: str | o
     if truncated:
         ids, assistant, response = ids[:max_length], assistant[:max_length], response[:max_length]
     return TokenizedExample(ids, assistant, response, prompt_ids, example.sample_id, example.reference, truncated)
+
+
+def _tokenize_text(example: Example, tokenizer: Any, max_length: int | None) -> TokenizedExample:
+    """A ``text`` row: its ids with special-token strings kept as text (``split_special_tokens``), plus the EOS id
+    when the ids do not already end with it (TRL's SFT appends EOS to language-modelling rows). Both masks are all
+    False (no prompt, no assistant turn: only the ``generic`` head trains on it); ``prompt_ids`` is the first token,
+    the prefix the validation-samples callback continues."""
+    ids = list(tokenizer(example.text, add_special_tokens=True, split_special_tokens=True)["input_ids"])
+    eos = tokenizer.eos_token_id
+    if eos is not None and (not ids or ids[-1] != eos):
+        ids.append(int(eos))
+    t = torch.tensor(ids, dtype=torch.long)
+    truncated = max_length is not None and t.numel() > max_length
+    if truncated:
+        t = t[:max_length]
+    none = torch.zeros(t.numel(), dtype=torch.bool)
+    return TokenizedExample(t, none, none.clone(), t[:1].clone(), example.sample_id, example.reference, truncated)
 
 
 def collate(samples: Sequence[TokenizedExample], *, pad_token_id: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lit_llm.data.datasets import (
@@ -35,7 +35,7 @@ from lit_llm.data.datasets import (
 )
 from lit_llm.objectives.sft import loss_mask
 
-__all__ = ["SFTDataModule", "StepBatchLoader", "resolve_tokenizer"]
+__all__ = ["SFTDataModule", "StepBatchLoader", "deprecated_alias", "module_attr", "resolve_tokenizer"]
 
 Head = Literal["sft", "rlhf", "generic"]
 
@@ -45,6 +45,32 @@ def resolve_tokenizer(name: str | None) -> Any:
     from lit_llm.models import DEFAULT_MODEL, load_tokenizer
 
     return load_tokenizer(DEFAULT_MODEL if name in (None, "tiny") else name)
+
+
+def module_attr(datamodule: LightningDataModule, name: str) -> Any:
+    """Attribute ``name`` of the LightningModule attached to ``datamodule``'s trainer (``None`` without a trainer,
+    a module or the attribute): how the data modules borrow the module's ``tokenizer``, ``loss``,
+    ``chat_template``, ``chat_template_kwargs`` and ``wrap_train_loader``."""
+    trainer = getattr(datamodule, "trainer", None)
+    module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+    return getattr(module, name, None)
+
+
+def deprecated_alias(owner: str, new: str, new_value: Any, new_default: Any, old: str, old_value: Any) -> Any:
+    """The value of option ``new`` given that ``old`` is its deprecated alias (``old_value is None`` = not given).
+
+    Warns (``rank_zero_deprecation``) when ``old`` is used.
+
+    Raises:
+        ValueError: both ``old`` and ``new`` were given (``new`` differs from its default), naming both.
+    """
+    if old_value is None:
+        return new_value
+    if new_value != new_default:
+        raise ValueError(f"{owner}: both --data.{old} (deprecated) and --data.{new} are set; keep only "
+                         f"--data.{new}.")
+    rank_zero_deprecation(f"{owner}: --data.{old} is deprecated; use --data.{new} (same meaning).")
+    return old_value
 
 
 def trainable_tokens(sample: TokenizedExample, head: Head) -> int:
@@ -125,29 +151,37 @@ class StepBatchLoader:
 
 
 class SFTDataModule(LightningDataModule):
-    """Chat / prompt-completion / GSM8K JSONL files, or the synthetic arithmetic task, tokenised for SFT.
+    """Chat / prompt-completion / GSM8K / plain-text rows (a JSONL, Parquet, CSV or JSON file, or a Hub dataset when
+    online), or the synthetic arithmetic task, tokenised for SFT.
 
     Every row is rendered once with the chat template (masks from the full render, DESIGN.md property 3), truncated
     to ``max_length`` tokens keeping the start; rows left with no token for the loss head are dropped and counted
     (``num_dropped_no_tokens``); bad rows stop the run naming file and line, or are skipped and counted
     (``num_skipped_rows``) with ``on_bad_row="skip"``. The tokenizer and loss head default to the attached
-    LightningModule's (``model.tokenizer``, ``model.loss``), so the CLI needs no duplicate settings.
+    LightningModule's (``model.tokenizer``, ``model.loss``, ``model.chat_template``, ``model.chat_template_kwargs``),
+    so the CLI needs no duplicate settings.
 
     Args:
-        path: training JSONL file (ignored for ``format="arithmetic"``).
+        path: training data: a ``.jsonl`` / ``.parquet`` / ``.csv`` / ``.tsv`` / ``.json`` file, or a Hub dataset
+            ``NAME[:CONFIG]:SPLIT`` when online (see :mod:`lit_llm.data.sources`). Must be ``None`` with
+            ``format="arithmetic"`` (the synthetic task reads no file: giving both is an error naming the fix).
         format: row format: ``"auto"`` (from the first row's keys), ``"chat"`` (``messages``),
             ``"prompt_completion"`` (``prompt``/``completion``: strings or message lists), ``"gsm8k"``
-            (``question``/``answer``, answer kept verbatim) or ``"arithmetic"`` (synthetic "a + b", no file).
-        val_path: validation JSONL file (same format); ``None`` = split ``val_fraction`` off the training rows.
-        val_fraction: fraction of the training rows held out for validation when ``val_path`` is ``None``
-            (seeded); 0 = no validation unless ``val_path``.
+            (``question``/``answer``, answer kept verbatim), ``"text"`` (``text``: plain language modelling, needs
+            the ``generic`` loss head) or ``"arithmetic"`` (synthetic "a + b", no file).
+        eval_path: evaluation (validation) data, same format and sources as ``path`` (a Hub spec without a split
+            reads ``test``); ``None`` = hold out ``eval_fraction`` of the training rows.
+        eval_fraction: fraction of the training rows held out for validation when ``eval_path`` is ``None``
+            (seeded); 0 = no validation unless ``eval_path``.
         limit: use only the first ``limit`` training rows (``None`` = all).
-        val_limit: use only the first ``limit`` validation rows (``None`` = all).
-        num_samples: number of arithmetic problems (``format="arithmetic"``); validation draws ``val_limit or 64``
+        eval_limit: use only the first ``eval_limit`` validation rows (``None`` = all).
+        num_samples: number of arithmetic problems (``format="arithmetic"``); validation draws ``eval_limit or 64``
             others.
-        system_prompt: system message for GSM8K rows, string prompts and arithmetic problems (``None`` = none; the
-            template may add its default).
-        chat_template: Jinja string or ``.jinja`` path (``None`` = the tokenizer's own).
+        system_prompt: system message prepended to every prompt that does not begin with one (GSM8K rows, string
+            prompts, message lists, arithmetic problems; never ``text`` rows). ``None`` = none (the template may add
+            its default).
+        chat_template: Jinja string or ``.jinja`` path (``None`` = the attached module's ``chat_template``, else the
+            tokenizer's own). Template variables come from the module's ``chat_template_kwargs``.
         max_length: tokens kept per conversation (the start is kept).
         batch_size: samples per optimizer step per rank.
         micro_batch_size: samples per forward/backward pass (``None`` = ``batch_size``); ``batch_size /
@@ -161,21 +195,35 @@ class SFTDataModule(LightningDataModule):
         loss_head: loss head deciding which rows have trainable tokens; ``None`` = the attached module's ``loss``.
         num_workers: DataLoader workers for validation (training collates in the main process; data is
             tokenised once in ``setup``).
+        val_path, val_fraction, val_limit: deprecated aliases of ``eval_path``, ``eval_fraction``, ``eval_limit``.
+
+    Raises:
+        ValueError: no ``path`` (unless ``format="arithmetic"``), ``path`` with ``format="arithmetic"``, bad sizes,
+            or an alias given together with its new name (in ``__init__``). Data errors come from :meth:`setup`.
     """
 
     def __init__(self, path: str | None = None, *, format: RowFormat | Literal["arithmetic"] = "auto",
-                 val_path: str | None = None, val_fraction: float = 0.0, limit: int | None = None,
-                 val_limit: int | None = None, num_samples: int = 256, system_prompt: str | None = None,
+                 eval_path: str | None = None, eval_fraction: float = 0.0, limit: int | None = None,
+                 eval_limit: int | None = None, num_samples: int = 256, system_prompt: str | None = None,
                  chat_template: str | None = None, max_length: int = 1024, batch_size: int = 8,
                  micro_batch_size: int | None = None, group_by_length: bool = True, length_group_steps: int = 16,
                  on_bad_row: Literal["raise", "skip"] = "raise", seed: int = 0, tokenizer: str | None = None,
-                 loss_head: Head | None = None, num_workers: int = 0) -> None:
+                 loss_head: Head | None = None, num_workers: int = 0, val_path: str | None = None,
+                 val_fraction: float | None = None, val_limit: int | None = None) -> None:
         super().__init__()
+        name = "SFTDataModule"
+        eval_path = deprecated_alias(name, "eval_path", eval_path, None, "val_path", val_path)
+        eval_fraction = deprecated_alias(name, "eval_fraction", eval_fraction, 0.0, "val_fraction", val_fraction)
+        eval_limit = deprecated_alias(name, "eval_limit", eval_limit, None, "val_limit", val_limit)
+        if format == "arithmetic" and (path or eval_path):
+            raise ValueError(f"SFTDataModule: --data.format is 'arithmetic' (the synthetic task reads no file) but "
+                             f"--data.{'path' if path else 'eval_path'} is set. Fix: set --data.format auto (or chat, "
+                             f"prompt_completion, gsm8k, text) to train on the file, or drop the path.")
         if format != "arithmetic" and not path:
-            raise ValueError("SFTDataModule: --data.path is required (a JSONL file of chats, prompt/completion pairs "
-                             "or GSM8K rows), unless --data.format arithmetic.")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"SFTDataModule: val_fraction must be in [0, 1), got {val_fraction}.")
+            raise ValueError("SFTDataModule: --data.path is required (a JSONL / Parquet / CSV / JSON file of chats, "
+                             "prompt/completion pairs, GSM8K or text rows), unless --data.format arithmetic.")
+        if not 0.0 <= eval_fraction < 1.0:
+            raise ValueError(f"SFTDataModule: eval_fraction must be in [0, 1), got {eval_fraction}.")
         if max_length < 2:
             raise ValueError(f"SFTDataModule: max_length must be >= 2 tokens, got {max_length}.")
         micro = micro_batch_size or batch_size
@@ -183,8 +231,11 @@ class SFTDataModule(LightningDataModule):
             raise ValueError(f"SFTDataModule: batch_size ({batch_size}) must be a positive multiple of "
                              f"micro_batch_size ({micro}).")
         self.save_hyperparameters()
-        self.path, self.format, self.val_path, self.val_fraction = path, format, val_path, val_fraction
-        self.limit, self.val_limit, self.num_samples = limit, val_limit, num_samples
+        # the aliases resolved: checkpoints and the recipes/configs comparison see only the new names
+        self.hparams.update(eval_path=eval_path, eval_fraction=eval_fraction, eval_limit=eval_limit, val_path=None,
+                            val_fraction=None, val_limit=None)
+        self.path, self.format, self.eval_path, self.eval_fraction = path, format, eval_path, eval_fraction
+        self.limit, self.eval_limit, self.num_samples = limit, eval_limit, num_samples
         self.system_prompt, self.chat_template, self.max_length = system_prompt, chat_template, max_length
         self.batch_size, self.micro_batch_size = batch_size, micro
         self.group_by_length, self.length_group_steps = group_by_length, length_group_steps
@@ -200,44 +251,42 @@ class SFTDataModule(LightningDataModule):
         self._loader_state: dict[str, int] | None = None
 
     # ------------------------------------------------------------------------------------------------------- setup
-    def _module_attr(self, name: str) -> Any:
-        module = getattr(self.trainer, "lightning_module", None) if self.trainer is not None else None
-        return getattr(module, name, None)
-
     def _head(self) -> Head:
-        return self.loss_head or self._module_attr("loss") or "sft"
+        return self.loss_head or module_attr(self, "loss") or "sft"
 
     def setup(self, stage: str | None = None) -> None:
         """Read, tokenise, truncate and filter the data (once). Logs the skipped / dropped counts.
 
         Raises:
-            FileNotFoundError, DataFormatError: missing file, bad row (``on_bad_row="raise"``), empty dataset, or
-                no sample left with trainable tokens.
+            FileNotFoundError, DataFormatError: missing file, bad row (``on_bad_row="raise"``), empty dataset,
+                ``text`` rows with a loss head other than ``generic``, or no sample left with trainable tokens.
+            HubOfflineError: a Hub dataset name while offline.
         """
         if self.tokenizer is None:
             self.tokenizer = (resolve_tokenizer(self.tokenizer_name) if self.tokenizer_name is not None
-                              else self._module_attr("tokenizer") or resolve_tokenizer(None))
+                              else module_attr(self, "tokenizer") or resolve_tokenizer(None))
         if self.train_samples or self.val_samples:
             return
         skipped = _Skipped()
         if self.format == "arithmetic":
-            train, val = arithmetic_examples(self.num_samples, self.val_limit or 64, seed=self.seed,
+            train, val = arithmetic_examples(self.num_samples, self.eval_limit or 64, seed=self.seed,
                                              system_prompt=self.system_prompt)
         else:
             train = read_examples(self.path, fmt=self.format, system_prompt=self.system_prompt,
                                   on_bad_row=self.on_bad_row, limit=self.limit, skipped=skipped)
             val = []
-            if self.val_path:
-                val = read_examples(self.val_path, fmt=self.format, system_prompt=self.system_prompt,
-                                    on_bad_row=self.on_bad_row, limit=self.val_limit, skipped=skipped,
-                                    option="--data.val_path")
-            elif self.val_fraction > 0:
+            if self.eval_path:
+                val = read_examples(self.eval_path, fmt=self.format, system_prompt=self.system_prompt,
+                                    on_bad_row=self.on_bad_row, limit=self.eval_limit, skipped=skipped,
+                                    option="--data.eval_path", split="test")
+            elif self.eval_fraction > 0:
                 order = list(range(len(train)))
                 random.Random(self.seed).shuffle(order)
-                k = max(1, round(self.val_fraction * len(train)))
+                k = max(1, round(self.eval_fraction * len(train)))
                 held = set(order[:k])
-                val = [e for i, e in enumerate(train) if i in held][: self.val_limit]
+                val = [e for i, e in enumerate(train) if i in held][: self.eval_limit]
                 train = [e for i, e in enumerate(train) if i not in held]
+            self._check_text_head(train + val)
         self.train_samples = self._tokenize(train, skipped, "training")
         self.val_samples = self._tokenize(val, skipped, "validation") if val else []
         self.num_skipped_rows = skipped.count
@@ -250,11 +299,23 @@ class SFTDataModule(LightningDataModule):
                        f"{self.num_skipped_rows} bad rows skipped.")
         self._log_counts()
 
+    def _check_text_head(self, examples: list[Example]) -> None:
+        head = self._head()
+        text = next((e for e in examples if e.text is not None), None)
+        if text is not None and head != "generic":
+            raise DataFormatError(
+                f"{text.sample_id}: 'text' rows (plain language modelling) have no prompt or assistant turn, so the "
+                f"{head!r} loss head has nothing to train on. Fix: set --model.loss generic (trains on every token), "
+                f"or give 'messages' / 'prompt' + 'completion' rows.")
+
     def _tokenize(self, examples: list[Example], skipped: _Skipped, split: str) -> list[TokenizedExample]:
         out, head = [], self._head()
+        template = self.chat_template if self.chat_template is not None else module_attr(self, "chat_template")
+        template_kwargs = module_attr(self, "chat_template_kwargs") or {}
         for ex in examples:
             try:
-                s = tokenize_example(ex, self.tokenizer, chat_template=self.chat_template, max_length=self.max_length)
+                s = tokenize_example(ex, self.tokenizer, chat_template=template, max_length=self.max_length,
+                                     chat_template_kwargs=template_kwargs)
             except DataFormatError as e:
                 if self.on_bad_row == "raise":
                     raise DataFormatError(f"{e} Fix the row, or set --data.on_bad_row skip.") from e

@@ -106,7 +106,7 @@ def test_arithmetic_task_is_deterministic():
 
 @pytest.mark.parametrize(("lines", "match"), [
     (['{"messages": []}', "not json"], r"bad\.jsonl:2: not a JSON object"),
-    (['{"text": "x"}'], r"bad\.jsonl:1: cannot tell the row format .* 'messages'"),
+    (['{"body": "x"}'], r"bad\.jsonl:1: cannot tell the row format .* 'messages'.* 'text'"),
     (['{"messages": [{"role": "user", "content": "q"}]}'], r"bad\.jsonl:1: the conversation has no assistant message"),
     (['{"question": "q"}'], r"bad\.jsonl:1: cannot tell"),
     ([""], r"bad\.jsonl: the file holds no JSON row"),
@@ -165,7 +165,7 @@ def test_every_row_dropped_is_an_error(tmp_path, tokenizer):
 
 
 def test_val_fraction_split_is_disjoint(tokenizer, gsm8k_dir):
-    dm = SFTDataModule(str(gsm8k_dir / "train.jsonl"), format="gsm8k", limit=40, val_fraction=0.25, loss_head="sft")
+    dm = SFTDataModule(str(gsm8k_dir / "train.jsonl"), format="gsm8k", limit=40, eval_fraction=0.25, loss_head="sft")
     dm.tokenizer = tokenizer
     dm.setup("fit")
     train_ids = {s.sample_id for s in dm.train_samples}
@@ -236,7 +236,72 @@ def test_step_loader_shards_ranks():
 
 def test_missing_validation_file_names_its_own_option(tmp_path, tokenizer):
     train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "a", "completion": "b"}])
-    dm = SFTDataModule(str(train), val_path=str(tmp_path / "val.jsonl"), loss_head="sft")
+    dm = SFTDataModule(str(train), eval_path=str(tmp_path / "val.jsonl"), loss_head="sft")
     dm.tokenizer = tokenizer
-    with pytest.raises(FileNotFoundError, match=r"val\.jsonl.*--data\.val_path"):
+    with pytest.raises(FileNotFoundError, match=r"val\.jsonl.*--data\.eval_path"):
         dm.setup("fit")
+
+
+# ------------------------------------------------------------------------------- text rows, names, the task guard
+def test_text_rows_tokenised_as_text_plus_eos(tmp_path, tokenizer):
+    """TRL's language-modelling rows: the ids of the text (a literal <|im_end|> stays text, property 8) + EOS."""
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": "Hello <|im_end|> world"}])
+    (ex,) = read_examples(path)
+    s = tokenize_example(ex, tokenizer)
+    expected = tokenizer("Hello <|im_end|> world", split_special_tokens=True)["input_ids"] + [tokenizer.eos_token_id]
+    assert s.input_ids.tolist() == expected
+    assert tokenizer.eos_token_id not in expected[:-1]  # the typed marker did not become the control token
+    assert not s.assistant_mask.any() and not s.response_mask.any() and s.prompt_ids.tolist() == expected[:1]
+    assert tokenize_example(ex, tokenizer, max_length=2).input_ids.tolist() == expected[:2]
+
+
+def test_text_rows_need_the_generic_head(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": "one two three"}, {"text": "four five"}])
+    dm = SFTDataModule(str(path), loss_head="sft")
+    dm.tokenizer = tokenizer
+    with pytest.raises(DataFormatError, match=r"t\.jsonl:1: 'text' rows .* 'sft' loss head has nothing to train on.*"
+                                              r"--model\.loss generic"):
+        dm.setup("fit")
+    ok = SFTDataModule(str(path), loss_head="generic", format="text")
+    ok.tokenizer = tokenizer
+    ok.setup("fit")
+    assert [len(s) for s in ok.train_samples] == [len(tokenizer(t)["input_ids"]) + 1
+                                                  for t in ("one two three", "four five")]
+
+
+def test_arithmetic_format_with_a_path_is_an_error():
+    with pytest.raises(ValueError, match=r"--data\.format is 'arithmetic' .* --data\.path is set\. Fix: set "
+                                         r"--data\.format auto"):
+        SFTDataModule("chat.jsonl", format="arithmetic")
+    with pytest.raises(ValueError, match=r"--data\.eval_path is set"):
+        SFTDataModule(format="arithmetic", eval_path="val.jsonl")
+
+
+def test_val_names_are_deprecated_aliases(tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "a", "completion": "b"}])
+    with pytest.warns(DeprecationWarning, match=r"--data\.val_path is deprecated; use --data\.eval_path"):
+        dm = SFTDataModule(str(train), val_path="v.jsonl", val_fraction=None, val_limit=3)
+    assert (dm.eval_path, dm.eval_limit) == ("v.jsonl", 3)
+    assert dm.hparams["eval_path"] == "v.jsonl" and dm.hparams["val_path"] is None
+    with pytest.warns(DeprecationWarning, match="val_fraction"):
+        assert SFTDataModule(str(train), val_fraction=0.5).eval_fraction == 0.5
+    with pytest.raises(ValueError, match=r"both --data\.val_path \(deprecated\) and --data\.eval_path"):
+        SFTDataModule(str(train), val_path="a.jsonl", eval_path="b.jsonl")
+
+
+def test_chat_template_and_kwargs_come_from_the_module(tmp_path, tokenizer):
+    """With no data.chat_template, the attached module's chat_template and chat_template_kwargs render the rows."""
+    from types import SimpleNamespace
+
+    template = ("{% for m in messages %}{{ tag }}{{ m['role'] }}:\n{% if m['role'] == 'assistant' %}{% generation %}"
+                "{{ m['content'] }}<|im_end|>{% endgeneration %}{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}{{ tag }}assistant:\n{% endif %}")
+    path = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "hi", "completion": "yo"}])
+    dm = SFTDataModule(str(path), loss_head="sft")
+    dm.tokenizer = tokenizer
+    dm.trainer = SimpleNamespace(lightning_module=SimpleNamespace(chat_template=template,
+                                                                   chat_template_kwargs={"tag": "#"}), loggers=[])
+    dm.setup("fit")
+    (s,) = dm.train_samples
+    assert tokenizer.decode(s.input_ids) == "#user:\nhi\n#assistant:\nyo<|im_end|>"
+    assert tokenizer.decode(s.input_ids[s.response_mask]) == "yo<|im_end|>"

@@ -107,3 +107,114 @@ def test_missing_gsm8k_eval_file_names_its_own_option(tmp_path):
     dm = GRPODataModule("gsm8k", path=str(train), eval_path=str(tmp_path / "test.jsonl"), batch_size=1, num_eval=1)
     with pytest.raises(FileNotFoundError, match=r"test\.jsonl.*--data\.eval_path"):
         dm.setup()
+
+
+# ------------------------------------------------------------------------------------ the user's prompt datasets
+PROMPTS = [
+    {"prompt": [{"role": "user", "content": "Write add(a, b)."}], "answer": "def add(a, b): return a + b",
+     "tests": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]},
+    {"prompt": [{"role": "user", "content": "Write neg(a)."}], "answer": "def neg(a): return -a",
+     "tests": ["assert neg(1) == -1"]},
+    {"prompt": [{"role": "user", "content": "Write one()."}], "answer": "def one(): return 1",
+     "tests": ["assert one() == 1"]},
+]
+
+
+def test_prompt_dataset_columns_reach_the_batch(tmp_path, tokenizer):
+    """A Parquet file with a 'prompt' column: every other column is in the batch, exactly the engine's reward kwargs."""
+    import datasets
+
+    from lit_llm.rollouts.engine import RESERVED_KEYS
+
+    path = tmp_path / "code.parquet"
+    datasets.Dataset.from_list(PROMPTS).to_parquet(str(path))
+    dm = GRPODataModule(path=str(path), num_eval=1, batch_size=2, system_prompt="Answer in Python.")
+    assert dm.task is None and dm.columns is None  # known once the file is read
+    dm.setup()
+    assert dm.columns == ["answer", "tests"]
+    assert len(dm.train_rows) == 2 and len(dm.eval_rows) == 1
+    batch = next(iter(dm.train_dataloader()))
+    assert set(batch) - RESERVED_KEYS == set(dm.columns)
+    for sid, prompt, answer, tests, ids in zip(batch["sample_id"], batch["prompt"], batch["answer"], batch["tests"],
+                                               batch["prompt_ids"]):
+        src = PROMPTS[int(sid.rsplit("row ", 1)[1]) - 1]
+        assert sid.startswith(f"{path}:row ")
+        assert answer == src["answer"] and tests == src["tests"]
+        assert prompt == [{"role": "system", "content": "Answer in Python."}, *src["prompt"]]
+        expected = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+        assert ids.tolist() == list(expected["input_ids"] if isinstance(expected, dict) else expected)
+    (val,) = list(dm.val_dataloader())
+    assert set(val) == set(batch) and len(val["prompt"]) == 1
+
+
+def test_string_prompts_text_or_chat(tmp_path, tokenizer):
+    path = tmp_path / "p.csv"
+    path.write_text("prompt,answer\nThe sum of 2 and 3 is,5\nThe sum of 4 and 4 is,8\n")
+    text = GRPODataModule(path=str(path), num_eval=0, batch_size=1)
+    text.setup()
+    assert [r["prompt"] for r in text.train_rows] == ["The sum of 2 and 3 is", "The sum of 4 and 4 is"]
+    assert text.train_rows[0]["prompt_ids"].tolist() == tokenizer("The sum of 2 and 3 is",
+                                                                   add_special_tokens=False)["input_ids"]
+    assert [r["answer"] for r in text.train_rows] == [5, 8] and text.columns == ["answer"]
+    chat = GRPODataModule(path=str(path), num_eval=0, batch_size=1, string_prompts="chat", system_prompt="Sys.")
+    chat.setup()
+    assert chat.train_rows[0]["prompt"] == [{"role": "system", "content": "Sys."},
+                                            {"role": "user", "content": "The sum of 2 and 3 is"}]
+    bad = GRPODataModule(path=str(path), num_eval=0, batch_size=1, system_prompt="Sys.")
+    with pytest.raises(DataFormatError, match=r"p\.csv:row 1: --data\.system_prompt needs chat prompts.*"
+                                              r"--data\.string_prompts chat"):
+        bad.setup()
+
+
+def test_rename_columns_and_column_errors(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"q": f"Q{i}?", "sol": str(i)}) + "\n" for i in range(3)))
+    with pytest.raises(DataFormatError, match=r"q\.jsonl:1: no 'prompt' column \(columns: \['q', 'sol'\]\).*"
+                                              r"--data\.rename_columns"):
+        GRPODataModule(path=str(path), num_eval=0, batch_size=1).setup()
+    dm = GRPODataModule(path=str(path), rename_columns={"q": "prompt", "sol": "answer"}, string_prompts="chat",
+                        num_eval=0, batch_size=1)
+    dm.setup()
+    assert dm.columns == ["answer"] and [r["answer"] for r in dm.train_rows] == ["0", "1", "2"]
+    assert dm.train_rows[2]["prompt"] == [{"role": "user", "content": "Q2?"}]
+    clash = tmp_path / "clash.jsonl"
+    clash.write_text(json.dumps({"prompt": "p", "sample_id": "mine"}) + "\n")
+    with pytest.raises(DataFormatError, match=r"\['sample_id'\] are the prompt batch's own keys"):
+        GRPODataModule(path=str(clash), num_eval=0, batch_size=1).setup()
+    ragged = tmp_path / "ragged.jsonl"
+    ragged.write_text(json.dumps({"prompt": "a", "answer": "1"}) + "\n" + json.dumps({"prompt": "b", "x": 2}) + "\n")
+    with pytest.raises(DataFormatError, match=r"ragged\.jsonl:2: columns \['prompt', 'x'\] differ"):
+        GRPODataModule(path=str(ragged), num_eval=0, batch_size=1).setup()
+    skip = GRPODataModule(path=str(ragged), num_eval=0, batch_size=1, on_bad_row="skip")
+    skip.setup()
+    assert [r["sample_id"] for r in skip.train_rows] == [f"{ragged}:1"]
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text(json.dumps({"prompt": "c"}) + "\n")
+    with pytest.raises(DataFormatError, match=r"eval\.jsonl:1: the evaluation prompts lack the training column\(s\) "
+                                              r"\['answer'\]"):
+        GRPODataModule(path=str(ragged), eval_path=str(evals), on_bad_row="skip", batch_size=1).setup()
+
+
+def test_arithmetic_task_reads_no_file(tmp_path):
+    with pytest.raises(ValueError, match=r"task='arithmetic' .* reads no file.*--data\.path is set.*"
+                                         r"--data\.task null"):
+        GRPODataModule("arithmetic", path="prompts.jsonl")
+    with pytest.raises(ValueError, match=r"--data\.eval_path is set"):
+        GRPODataModule("arithmetic", eval_path="prompts.jsonl")
+    dm = GRPODataModule(num_train=4, num_eval=2, batch_size=2)  # no task, no path: the synthetic task
+    assert dm.task == "arithmetic" and dm.columns == ["answer"]
+
+
+def test_gsm8k_is_a_column_mapping_with_extra_columns(tmp_path):
+    path = tmp_path / "g.parquet"
+    import datasets
+
+    datasets.Dataset.from_list([{"question": f"Q{i}", "answer": f"r\n#### {i}", "level": i} for i in range(4)]
+                               ).to_parquet(str(path))
+    rows = gsm8k_prompts(str(path))
+    assert rows[1] == {"prompt": [{"role": "user", "content": "Q1"}], "answer": "r\n#### 1", "level": 1,
+                       "sample_id": f"{path}:row 2"}
+    dm = GRPODataModule("gsm8k", path=str(path), num_eval=1, batch_size=1)
+    dm.setup()
+    assert dm.columns == ["answer", "level"] and dm.string_prompts == "chat"
