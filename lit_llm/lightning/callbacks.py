@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_llm.lightning.tables import append_csv, log_table
 
-__all__ = ["StepCheckpoint", "ValidationSamples"]
+__all__ = ["StepCheckpoint", "ValidationSamples", "validation_follows"]
+
+
+def validation_follows(trainer: Trainer) -> bool:
+    """Whether Lightning runs a validation with at least one batch right after the current training batch (its own
+    decision, ``fit_loop.epoch_loop._should_check_val_fx``)."""
+    val_batches = trainer.num_val_batches
+    if not trainer.enable_validation or not (sum(val_batches) if isinstance(val_batches, list) else val_batches):
+        return False
+    loop = trainer.fit_loop
+    try:
+        return bool(loop.epoch_loop._should_check_val_fx(loop._data_fetcher))
+    except (AttributeError, TypeError):  # a Lightning without this private helper: save at once, as before
+        return False
 
 
 class StepCheckpoint(ModelCheckpoint):
@@ -16,8 +31,20 @@ class StepCheckpoint(ModelCheckpoint):
 
     Lightning's own class writes ``last.ckpt`` at the end of training only if it never wrote one, so a run stopped by
     ``max_steps`` between two ``every_n_train_steps`` saves would leave ``last.ckpt`` some steps behind and
-    ``--ckpt_path last`` would redo them. Same arguments as :class:`~lightning.pytorch.callbacks.ModelCheckpoint`.
+    ``--ckpt_path last`` would redo them. When an evaluation is due at a save step, the save waits for it (Lightning
+    saves the checkpoint before the evaluation otherwise, and a run resumed from it skips that evaluation). Same
+    arguments as :class:`~lightning.pytorch.callbacks.ModelCheckpoint`.
     """
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """Save every ``every_n_train_steps`` steps, after the evaluation when one is due at the same step (so a run
+        killed after the save and resumed from it never loses that evaluation)."""
+        if (self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
+                and validation_follows(trainer)):
+            self._defer_save_until_validation = True  # ModelCheckpoint.on_validation_end saves it
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.save_last and self._last_global_step_saved != trainer.global_step:
