@@ -45,7 +45,7 @@ known panels: a new metric is never hidden, and no panel mixes unknown units. To
 **Constants**: a panel whose every series is constant (one value throughout, or a single point: a fixed learning
 rate, ``train/staleness`` of a synchronous run) is not drawn; its columns and values are listed under the figure
 (and returned in :attr:`CurvesPlot.constants`). The x axis is the optimizer step with integer ticks, shared by all
-panels.
+panels; a dotted vertical line marks the step where each resumed version starts.
 
 Usage::
 
@@ -366,9 +366,15 @@ def load_metrics(log_dir: str | Path, version: int | None = None) -> tuple[list[
             raise FileNotFoundError(f"no version_{version}/metrics.csv under {str(log_dir)!r}; versions found: "
                                     f"{have or 'none'}. Pass one of them as --version, or omit it.")
         return _read_csv(chosen[0]), chosen
+    rows, chain, _ = _join_versions(files)
+    return rows, chain
 
+
+def _join_versions(files: list[Path]) -> tuple[list[dict[str, str]], list[Path], list[float]]:
+    """:func:`load_metrics`' joining; also returns the first step of each joined version after the oldest."""
     chain = [files[-1]]
     chunks = [_read_csv(files[-1])]
+    starts: list[float] = []
     for older in reversed(files[:-1]):
         newer_steps = _steps(chunks[0])
         older_rows = _read_csv(older)
@@ -385,7 +391,8 @@ def load_metrics(log_dir: str | Path, version: int | None = None) -> tuple[list[
         start = min(newer_steps)
         chunks.insert(0, [r for r in older_rows if (x := _to_float(r.get(_STEP))) is None or x <= start])
         chain.insert(0, older)
-    return [r for chunk in chunks for r in chunk], chain
+        starts.insert(0, start)
+    return [r for chunk in chunks for r in chunk], chain, starts
 
 
 # ---------------------------------------------------------------------------------------------------- drawing
@@ -398,12 +405,14 @@ class CurvesPlot:
         panels: ``{panel title: [Series, ...]}`` of the panels drawn, in figure order (row by row).
         constants: ``{column: value}`` of the columns left out as constant (listed under the figure).
         files: the ``metrics.csv`` files read, oldest version first.
+        resumed_at: the first step of each version after the first (drawn as dotted vertical lines).
     """
 
     path: Path
     panels: dict[str, list[Series]]
     constants: dict[str, float] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
+    resumed_at: list[float] = field(default_factory=list)
 
     @property
     def titles(self) -> list[str]:
@@ -415,8 +424,10 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _figure(panels: dict[str, list[Series]], constants: dict[str, float], title: str) -> Figure:
-    """The figure: panels row by row (1, 2 or 3 columns), constants listed under it."""
+def _figure(panels: dict[str, list[Series]], constants: dict[str, float], title: str,
+            resumed_at: Sequence[float] = ()) -> Figure:
+    """The figure: panels row by row (1, 2 or 3 columns), constants listed under it, a dotted vertical line where
+    each resumed version starts."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -440,6 +451,8 @@ def _figure(panels: dict[str, list[Series]], constants: dict[str, float], title:
                 hi = [v + d for v, d in zip(s.values, s.std)]
                 # the band shares its line's colour; the y label says "± 1 std", so no legend entry of its own
                 ax.fill_between(s.steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0, label="_nolegend_")
+        for x in resumed_at:
+            ax.axvline(x, color="0.45", linestyle=":", linewidth=1.0, label="_nolegend_")
         ax.set_title(panel, fontsize=10)
         ax.set_ylabel(spec.ylabel if spec is not None else panel, fontsize=8)
         ax.grid(True, alpha=0.3)
@@ -496,7 +509,10 @@ def plot_training_curves(log_dir: str | Path, out: str | Path | None = None, *,
         ValueError: the CSV has no plottable column (the message lists the columns found), every plottable column
             is constant (the message lists them with their values), or ``log_dir`` holds several runs.
     """
-    rows, files = load_metrics(log_dir, version=version)
+    if version is None:
+        rows, files, resumed_at = _join_versions(find_metrics_files(log_dir))
+    else:
+        (rows, files), resumed_at = load_metrics(log_dir, version=version), []
     collected = collect_panels(rows)
     if not collected:
         columns = sorted({k for r in rows for k in r if k is not None})
@@ -516,10 +532,10 @@ def plot_training_curves(log_dir: str | Path, out: str | Path | None = None, *,
     versions = [f.parent.name for f in files if _version_number(f.parent) is not None]
     run_dir = files[-1].parent.parent if versions else files[-1].parent
     run = "/".join(run_dir.absolute().parts[-2:])  # e.g. "sft_tiny/csv": the logger folder alone is often just "csv"
-    title = f"{run} ({', '.join(versions)})" if versions else run
-    title = f"Training curves: {title}"
-    _save(_figure(panels, constants, title), out_path, {"Title": title, "Description": "panels: " + "; ".join(panels)})
-    return CurvesPlot(out_path, panels, constants, files)
+    title = f"Training curves: {run} ({', '.join(versions)})" if versions else f"Training curves: {run}"
+    metadata = {"Title": title, "Description": "panels: " + "; ".join(panels)}
+    _save(_figure(panels, constants, title, resumed_at), out_path, metadata)
+    return CurvesPlot(out_path, panels, constants, files, resumed_at)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

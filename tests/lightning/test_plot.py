@@ -344,7 +344,7 @@ def test_plot_grpo_run_png_constants_left_out(tmp_path):
     assert result.titles == titles  # no "Learning rate", no "Async rollouts": constant
     assert result.constants == pytest.approx({"train/staleness": 0.0, "train/dropped_rollouts": 0.0,
                                               "train/lr": 1e-6})
-    assert [f.parent.name for f in result.files] == ["version_0", "version_1"]
+    assert [f.parent.name for f in result.files] == ["version_0", "version_1"] and result.resumed_at == [15.0]
     assert result.panels["Reward"][0].steps == [float(s) for s in range(40)]
     info = _png(result.path)
     assert info["Description"] == "panels: " + "; ".join(titles)
@@ -468,9 +468,11 @@ def test_grpo_tiny_cli_resumed_once_plot(tmp_path):
     assert proc.stdout.strip() == str(tmp_path / "curves.png")
 
     result = plot_training_curves(tmp_path / "run", tmp_path / "curves2.png")
+    assert [f.parent.name for f in result.files] == ["version_0", "version_1"]
     v0 = _csv_points(tmp_path / "run" / "csv" / "version_0" / "metrics.csv")
     v1 = _csv_points(tmp_path / "run" / "csv" / "version_1" / "metrics.csv")
     first = min(s for pts in v1.values() for s in pts)  # version_1 starts at its checkpoint
+    assert result.resumed_at == [first]
     assert first <= 3.0 and sorted(v1["train/reward"]) == [3.0, 4.0, 5.0, 6.0, 7.0]
     assert sorted(v0["train/reward"]) == [0.0, 1.0, 2.0, 3.0, 4.0]  # steps 3, 4 overlap
     drawn = {s.name: s for series in result.panels.values() for s in series}
