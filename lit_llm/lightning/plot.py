@@ -7,7 +7,7 @@ the versions of one run into one curve per metric (:func:`load_metrics`: where s
 later version wins) and draws **one panel per concept** (:data:`PANEL_SPECS`, in this order):
 
 =================================  =====================================================================  ==========
-panel                              columns (regular expression searched in the name)                     unit
+panel                              columns (regular expression searched in the name)                      unit
 =================================  =====================================================================  ==========
 Eval accuracy (greedy)             ``eval/<reward fn>``: greedy evaluation on held-out prompts            reward
 Reward                             ``train/reward`` with a ±1 std band from ``train/reward_std``          reward
