@@ -2,28 +2,55 @@
 
 Lightning's ``CSVLogger`` writes ``<save_dir>/<name>/version_<N>/metrics.csv``: one row per logging call, with
 only the columns logged by that call filled (the file is *sparse*), plus ``step`` (the optimizer step, Lightning's
-``global_step``) and ``epoch``. This module reads that file with the :mod:`csv` module, groups its columns into
-panels by substring (so any prefix works: ``train/``, ``val/``, ``eval/``, ``rollout/``...) and draws one panel per
-group that has data:
+``global_step``) and ``epoch``. A run resumed with ``--ckpt_path`` gets a new ``version_N`` folder; this module joins
+the versions of one run into one curve per metric (:func:`load_metrics`: where steps overlap after a resume, the
+later version wins) and draws **one panel per concept** (:data:`PANEL_SPECS`, in this order):
 
-* **Loss** (per-token loss): names containing ``loss`` (``train/loss``, ``train/loss_step``, ``val/loss``).
-* **Reward** (reward-function units): names containing ``reward``; a ``*std*`` column is drawn as a ±1 std band
-  around its ``*mean*`` sibling (``train/reward_std`` around ``train/reward_mean``).
-* **Accuracy** (fraction, 0-1): ``accuracy`` or the word ``acc`` (``train/token_accuracy``, ``eval/accuracy``).
-* **KL divergence** (nats/token): the word ``kl`` (``train/kl``, ``train/kl_mean``).
-* **Completion length** (tokens): ``length`` or the word ``len`` (``train/completion_length_mean/min/max``).
-* **Learning rate**: the word ``lr`` or ``learning_rate`` (``train/lr``, ``lr-AdamW``).
-* **Gradient norm** (L2, before clipping): ``grad`` and ``norm`` (``train/grad_norm``).
+=================================  =====================================================================  ==========
+panel                              columns (regular expression searched in the name)                      unit
+=================================  =====================================================================  ==========
+Eval accuracy (greedy)             ``eval/<reward fn>``: greedy evaluation on held-out prompts            reward
+Reward                             ``train/reward`` with a ±1 std band from ``train/reward_std``          reward
+Reward per function                ``train/rewards/<fn>/mean`` with a ±1 std band from ``.../std``         reward
+Loss                               ``train/loss``, ``train/nll``, ``val/loss``                            per token
+Token accuracy                     ``train/token_accuracy``, ``val/token_accuracy``                       fraction
+Sampler/trainer mismatch           any name with ``mismatch`` (``train/mismatch_kl``...)                  nats, ratio
+KL to reference                    ``train/kl``                                                           nats/token
+Entropy                            ``train/entropy``, ``val/entropy``                                     nats/token
+Policy ratio                       ``train/ratio_{mean,min,max}`` (π_θ / π_old)                           ratio
+Clip ratios                        ``train/clip_ratio/{low,high,region}_mean``                            fraction
+Completion length                  ``train/completions/{mean,min,max}_length``                            tokens
+Zero-std groups, truncation        ``train/frac_reward_zero_std``, ``train/completions/clipped_ratio``    fraction
+Episodes                           names with the word ``turns``/``tool_calls``/``episode``               count
+Throughput                         ``*tokens_per_sec`` (``train/``, ``rollout/``, ``train/real_``)         tokens/s
+Time per step                      ``time/*`` (generation, rollout wait, training, step)                  s
+Async rollouts                     ``train/staleness``, ``train/dropped_rollouts``                        steps, count
+Gradient norm                      ``train/grad_norm``                                                    L2 norm
+Learning rate                      ``train/lr``, ``lr-<Optimizer>`` (LearningRateMonitor)                 lr
+Skipped steps                      ``train/skipped_steps`` (non-finite steps skipped)                     count
+=================================  =====================================================================  ==========
 
-Matching is case-insensitive; a "word" is a run of ``[a-z0-9]`` in the name. A column goes to the first panel of
-this order that matches it: reward, accuracy, KL, length, learning rate, gradient norm, loss (so ``train/kl_loss``
-is a KL curve, ``train/reward_loss`` a reward curve). Columns that match no panel (``train/ppl``, ``train/tokens``...)
-are not drawn. The x axis is ``step``.
+A column goes to the first spec of that list whose pattern it matches; a spec's named group ``label`` (when it has
+one) is the legend label. A column named like a mean's standard deviation (``X_std`` or ``X/std`` beside ``X`` or
+``X/mean``) is drawn as the ±1 std band of that mean, not as a curve.
+
+**Left out on purpose** (:data:`IGNORED`): ``step``, ``epoch``, ``*/ppl`` (``exp`` of the per-token loss: the loss
+curve on another scale), ``*/tokens`` and ``*/step_tokens`` (token counts: cumulative or per batch, not a training
+signal).
+
+**Any other column** (a metric no spec knows yet) gets a panel of its own, titled with the column name, after the
+known panels: a new metric is never hidden, and no panel mixes unknown units. To group it with others, add a
+:class:`PanelSpec` to :data:`PANEL_SPECS`.
+
+**Constants**: a panel whose every series is constant (one value throughout, or a single point: a fixed learning
+rate, ``train/staleness`` of a synchronous run) is not drawn; its columns and values are listed under the figure
+(and returned in :attr:`CurvesPlot.constants`). The x axis is the optimizer step with integer ticks, shared by all
+panels; a dotted vertical line marks the step where each resumed version starts.
 
 Usage::
 
-    python -m lit_llm.lightning.plot lightning_logs            # -> lightning_logs/training_curves.png
-    python -m lit_llm.lightning.plot runs/sft --out curves.png --version 3
+    lit-llm plot runs/grpo_tiny                  # -> runs/grpo_tiny/training_curves.png
+    lit-llm plot runs/sft/csv --out curves.png --version 3
 """
 
 from __future__ import annotations
@@ -34,12 +61,20 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
+    "IGNORED",
     "PANEL_SPECS",
+    "CurvesPlot",
+    "PanelSpec",
     "Series",
     "collect_panels",
     "command",
@@ -54,47 +89,54 @@ _STEP, _EPOCH = "step", "epoch"
 _VERSION_RE = re.compile(r"^version_(\d+)$")
 
 
-def _words(column: str) -> list[str]:
-    return [w for w in re.split(r"[^a-z0-9]+", column.lower()) if w]
-
-
 @dataclass(frozen=True)
-class _PanelSpec:
-    """One panel: its title, y-axis label and the rule that claims a column."""
+class PanelSpec:
+    """One panel: its title, y-axis label and the columns it draws.
+
+    Attributes:
+        title: panel title (the key of :func:`collect_panels`' result).
+        ylabel: y-axis label, with the unit.
+        pattern: regular expression searched (:func:`re.search`) in the column name; a named group ``label``, when
+            present and matched, is the legend label (default: the column name).
+    """
 
     title: str
-    """Panel title (also the key of :func:`collect_panels`)."""
     ylabel: str
-    """Y-axis label, with the unit."""
-    substrings: tuple[str, ...] = ()
-    """The column belongs here when its lower-cased name contains any of these..."""
-    words: tuple[str, ...] = ()
-    """...or when one of its ``[a-z0-9]+`` words equals one of these..."""
-    all_of: tuple[str, ...] = ()
-    """...or when it contains all of these substrings."""
+    pattern: str
 
-    def claims(self, column: str) -> bool:
-        name = column.lower()
-        return (
-            any(s in name for s in self.substrings)
-            or any(w in self.words for w in _words(name))
-            or (bool(self.all_of) and all(s in name for s in self.all_of))
-        )
+    def match(self, column: str) -> re.Match[str] | None:
+        """The match of :attr:`pattern` in ``column``, or ``None``."""
+        return re.search(self.pattern, column)
 
 
-PANEL_SPECS: tuple[_PanelSpec, ...] = (
-    _PanelSpec("Loss", "loss (per token)", substrings=("loss",)),
-    _PanelSpec("Reward", "reward (mean ± 1 std over completions)", substrings=("reward",)),
-    _PanelSpec("Accuracy", "accuracy (fraction, 0–1)", substrings=("accuracy",), words=("acc",)),
-    _PanelSpec("KL divergence", "KL to reference (nats/token)", words=("kl",)),
-    _PanelSpec("Completion length", "length (tokens)", substrings=("length",), words=("len",)),
-    _PanelSpec("Learning rate", "learning rate", substrings=("learning_rate",), words=("lr",)),
-    _PanelSpec("Gradient norm", "gradient L2 norm (before clipping)", all_of=("grad", "norm")),
+PANEL_SPECS: tuple[PanelSpec, ...] = (
+    PanelSpec("Eval accuracy (greedy)", "mean reward of greedy completions", r"^eval/(?P<label>.+)$"),
+    PanelSpec("Reward", "reward (mean ± 1 std over completions)", r"^(?P<label>(train|rollout)/reward)(_std)?$"),
+    PanelSpec("Reward per function", "reward (mean ± 1 std over completions)",
+              r"^train/rewards/(?P<label>.+)/(mean|std)$"),
+    PanelSpec("Loss", "loss (per token)", r"(^|/)(loss|nll)(_step|_epoch)?$"),
+    PanelSpec("Token accuracy", "next-token accuracy (fraction)", r"(^|/)token_accuracy$"),
+    PanelSpec("Sampler/trainer mismatch", "KL (nats/token) / ratio", r"mismatch"),
+    PanelSpec("KL to reference", "KL (nats/token)", r"(^|/)kl$"),
+    PanelSpec("Entropy", "entropy (nats/token)", r"(^|/)entropy$"),
+    PanelSpec("Policy ratio", "π_θ / π_old over completion tokens", r"(^|/)ratio_(mean|min|max)$"),
+    PanelSpec("Clip ratios", "fraction of completion tokens", r"(^|/)clip_ratio/(?P<label>.+)$"),
+    PanelSpec("Completion length", "length (tokens)", r"(^|/)completions/(?P<label>(mean|min|max)_length)$"),
+    PanelSpec("Zero-std groups, truncation", "fraction (groups / completions)",
+              r"(^|/)(frac_reward_zero_std|completions/clipped_ratio)$"),
+    PanelSpec("Episodes", "count per episode", r"(^|[/_])(turns?|tool_calls?|episodes?)([/_]|$)"),
+    PanelSpec("Throughput", "tokens / s", r"tokens_per_sec$"),
+    PanelSpec("Time per step", "seconds", r"^time/(?P<label>.+)$"),
+    PanelSpec("Async rollouts", "steps behind / rollouts dropped", r"(^|/)(staleness|dropped_rollouts)$"),
+    PanelSpec("Gradient norm", "gradient L2 norm (before clipping)", r"(^|/)grad_norm$"),
+    PanelSpec("Learning rate", "learning rate", r"((^|/)lr$|(^|/)learning_rate$|^lr-)"),
+    PanelSpec("Skipped steps", "non-finite steps skipped (cumulative)", r"(^|/)skipped_steps$"),
 )
-"""Panels in display order; see the module docstring for the matching rules."""
+"""Panels in display order; a column goes to the first that matches (see the module docstring)."""
 
-# First match wins in this order (more specific groups before the generic "loss").
-_MATCH_ORDER = ("Reward", "Accuracy", "KL divergence", "Completion length", "Learning rate", "Gradient norm", "Loss")
+IGNORED: str = r"^(step|epoch)$|(^|/)(ppl|tokens|step_tokens)$"
+"""Columns never drawn (regular expression): the step/epoch axes, perplexity (exp of the loss), token counts."""
+
 _SPEC_BY_TITLE = {s.title: s for s in PANEL_SPECS}
 
 
@@ -103,28 +145,46 @@ class Series:
     """One curve of a panel.
 
     Attributes:
-        name: the CSV column (the legend label).
+        name: the CSV column.
+        label: the legend label (the spec's ``label`` group, else ``name``).
         steps: x values, the optimizer step of each point, increasing.
         values: y values, finite floats, same length as ``steps``.
-        std: standard deviations at the same points (drawn as a ``values ± std`` band), or ``None``. Comes from the
-            sibling column whose name has ``std`` in place of the last ``mean`` (``train/reward_mean`` ->
-            ``train/reward_std``); NaN where that column has no value at the step.
+        std: standard deviations at the same points (drawn as a ``values ± std`` band), or ``None``; NaN where
+            the std column has no value at that step.
     """
 
     name: str
+    label: str
     steps: list[float]
     values: list[float]
     std: list[float] | None = None
 
+    @property
+    def is_constant(self) -> bool:
+        """One value throughout (or a single point), band included."""
+        same = all(v == self.values[0] for v in self.values)
+        if self.std is not None:
+            same = same and all(d == self.std[0] or (math.isnan(d) and math.isnan(self.std[0])) for d in self.std)
+        return same
+
 
 def panel_for(column: str) -> str | None:
-    """Title of the panel that draws ``column``, or ``None`` (``step``, ``epoch`` and unmatched columns)."""
-    if column in (_STEP, _EPOCH):
+    """Title of the panel that draws ``column``: a :data:`PANEL_SPECS` title, the column name itself for a column no
+    spec matches, or ``None`` for an :data:`IGNORED` column."""
+    if re.search(IGNORED, column):
         return None
-    for title in _MATCH_ORDER:
-        if _SPEC_BY_TITLE[title].claims(column):
-            return title
-    return None
+    for spec in PANEL_SPECS:
+        if spec.match(column):
+            return spec.title
+    return column
+
+
+def _label(column: str, title: str) -> str:
+    spec = _SPEC_BY_TITLE.get(title)
+    m = spec.match(column) if spec is not None else None
+    if m is not None and "label" in m.re.groupindex and m.group("label"):
+        return m.group("label")
+    return column
 
 
 def _to_float(value: object) -> float | None:
@@ -137,27 +197,34 @@ def _to_float(value: object) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _std_partner(column: str, columns: Iterable[str]) -> str | None:
-    idx = column.rfind("mean")
-    if idx < 0:
-        return None
-    partner = column[:idx] + "std" + column[idx + 4 :]
-    return partner if partner in columns else None
+def _mean_of(column: str, columns: Sequence[str]) -> str | None:
+    """The mean column whose ±std band ``column`` is: ``X_std`` -> ``X`` / ``X_mean``, ``X/std`` -> ``X/mean`` /
+    ``X``; ``None`` when ``column`` is no std or no such mean exists."""
+    for sep in ("_", "/"):
+        if column.endswith(sep + "std"):
+            base = column[: -len(sep + "std")]
+            for mean in (base + sep + "mean", base):
+                if mean in columns:
+                    return mean
+    return None
 
 
 def collect_panels(rows: Sequence[Mapping[str, object]]) -> dict[str, list[Series]]:
-    """Group the numeric columns of sparse metric rows into panels.
+    """Group the numeric columns of sparse metric rows into panels, one curve per column.
 
     Args:
         rows: metric rows as :class:`csv.DictReader` gives them (values are strings, ``""`` when the row does not
-            log that column) or already numbers. The x value of a row is its ``step``; when no row has a ``step``,
+            log that column) or already numbers, in logging order (for a resumed run: oldest version first, as
+            :func:`load_metrics` returns them). The x value of a row is its ``step``; when no row has a ``step``,
             the row index is used. Rows without a step (when others have one), empty, non-numeric and non-finite
-            values are skipped.
+            values are skipped. Where several rows give one column a value at the same step, the **last** wins
+            (a resumed version re-logging a step).
 
     Returns:
-        ``{panel title: [Series, ...]}`` in :data:`PANEL_SPECS` order, only panels with at least one point; series
-        in column order, each sorted by step. A ``*std*`` column whose ``*mean*`` sibling exists is folded into that
-        series as its band instead of being a curve of its own.
+        ``{panel title: [Series, ...]}``: the :data:`PANEL_SPECS` panels with data in their order, then one panel
+        per unknown column (titled with its name) in column order; series in column order, each sorted by step.
+        A std column whose mean exists in the same panel is that series' band, not a curve. Constant panels are
+        still here (:func:`plot_training_curves` leaves them out of the figure).
     """
     columns: list[str] = []
     for row in rows:
@@ -174,23 +241,23 @@ def collect_panels(rows: Sequence[Mapping[str, object]]) -> dict[str, list[Serie
         for c in columns:
             y = _to_float(row.get(c))
             if y is not None:
-                points[c][x] = y  # a later row at the same step wins (e.g. a resumed version)
+                points[c][x] = y
 
-    std_of = {c: p for c in columns if (p := _std_partner(c, columns)) is not None and points[p]}
-    folded = set(std_of.values())
+    title_of = {c: t for c in columns if points[c] and (t := panel_for(c)) is not None}
+    band_of = {mean: c for c in title_of if (mean := _mean_of(c, list(title_of))) and title_of[mean] == title_of[c]}
+    folded = set(band_of.values())
     panels: dict[str, list[Series]] = {}
-    for c in columns:
-        title = panel_for(c)
-        if title is None or c in folded or not points[c]:
+    for c, title in title_of.items():
+        if c in folded:
             continue
         steps = sorted(points[c])
         std = None
-        if c in std_of:
-            stds = points[std_of[c]]
+        if c in band_of:
+            stds = points[band_of[c]]
             std = [stds.get(s, math.nan) for s in steps]
-        panels.setdefault(title, []).append(Series(c, steps, [points[c][s] for s in steps], std))
-    order = [s.title for s in PANEL_SPECS]
-    return {t: panels[t] for t in order if t in panels}
+        panels.setdefault(title, []).append(Series(c, _label(c, title), steps, [points[c][s] for s in steps], std))
+    known = [s.title for s in PANEL_SPECS if s.title in panels]
+    return {t: panels[t] for t in known + [t for t in panels if t not in _SPEC_BY_TITLE]}
 
 
 # ---------------------------------------------------------------------------------------------------- finding logs
@@ -256,21 +323,37 @@ def _hparams(metrics_file: Path) -> str | None:
     return h.read_text(encoding="utf-8") if h.is_file() else None
 
 
+def _resumed(metrics_file: Path) -> bool | None:
+    """Whether the version was started with a ``ckpt_path`` (from the ``config.yaml`` ``lit-llm fit`` saves next to
+    the metrics); ``None`` when there is no such file or key (a run outside ``lit-llm``)."""
+    cfg = metrics_file.parent / "config.yaml"
+    if not cfg.is_file():
+        return None
+    m = re.search(r"^ckpt_path:[ \t]*(.*?)[ \t]*$", cfg.read_text(encoding="utf-8"), re.MULTILINE)
+    if m is None:
+        return None
+    return m.group(1).strip("'\"") not in ("", "null", "~", "None")
+
+
 def load_metrics(log_dir: str | Path, version: int | None = None) -> tuple[list[dict[str, str]], list[Path]]:
     """Read the metric rows of the newest run under ``log_dir``, joining the versions of a resumed run.
 
     Lightning starts a new ``version_N`` folder when a run is resumed from a checkpoint. Going back from the newest
-    version, an older version is joined in front when it started at an earlier step (a fresh re-run starts at the
-    same step as the old one) and its ``hparams.yaml`` is identical (when both have one); its rows from the step the
-    newer version starts at onward are dropped (the resumed version re-logged them).
+    version, an older version is joined in front when the newer one is its continuation: the newer version starts
+    at a later step than the older one did (a fresh re-run starts again at step 0), and it was resumed — its
+    ``config.yaml`` (saved by ``lit-llm fit``) has a ``ckpt_path``; without a ``config.yaml``, the two
+    ``hparams.yaml`` must be identical (when both exist). Where the steps overlap, the later version wins: of the
+    older version, the rows after the newer version's first step are dropped (they belong to the abandoned part of
+    the run), and at that first step the newer version's values replace the older ones column by column
+    (:func:`collect_panels` keeps the last value per step).
 
     Args:
         log_dir: see :func:`find_metrics_files`.
         version: read only ``version_<version>`` (no joining); default: automatic as above.
 
     Returns:
-        ``(rows, files)``: the rows (``csv.DictReader`` dicts, in step order across versions) and the files read,
-        oldest first.
+        ``(rows, files)``: the rows (``csv.DictReader`` dicts, oldest version first) and the files read, oldest
+        first.
 
     Raises:
         FileNotFoundError: no ``metrics.csv`` (see :func:`find_metrics_files`) or no ``version_<version>``.
@@ -283,81 +366,134 @@ def load_metrics(log_dir: str | Path, version: int | None = None) -> tuple[list[
             raise FileNotFoundError(f"no version_{version}/metrics.csv under {str(log_dir)!r}; versions found: "
                                     f"{have or 'none'}. Pass one of them as --version, or omit it.")
         return _read_csv(chosen[0]), chosen
+    rows, chain, _ = _join_versions(files)
+    return rows, chain
 
+
+def _join_versions(files: list[Path]) -> tuple[list[dict[str, str]], list[Path], list[float]]:
+    """:func:`load_metrics`' joining; also returns the first step of each joined version after the oldest."""
     chain = [files[-1]]
     chunks = [_read_csv(files[-1])]
+    starts: list[float] = []
     for older in reversed(files[:-1]):
         newer_steps = _steps(chunks[0])
         older_rows = _read_csv(older)
         older_steps = _steps(older_rows)
         if not newer_steps or not older_steps or min(older_steps) >= min(newer_steps):
             break
-        h_old, h_new = _hparams(older), _hparams(chain[0])
-        if h_old is not None and h_new is not None and h_old != h_new:
+        resumed = _resumed(chain[0])
+        if resumed is False:
             break
+        if resumed is None:
+            h_old, h_new = _hparams(older), _hparams(chain[0])
+            if h_old is not None and h_new is not None and h_old != h_new:
+                break
         start = min(newer_steps)
-        chunks.insert(0, [r for r in older_rows if (x := _to_float(r.get(_STEP))) is None or x < start])
+        chunks.insert(0, [r for r in older_rows if (x := _to_float(r.get(_STEP))) is None or x <= start])
         chain.insert(0, older)
-    return [r for chunk in chunks for r in chunk], chain
+        starts.insert(0, start)
+    return [r for chunk in chunks for r in chunk], chain, starts
 
 
 # ---------------------------------------------------------------------------------------------------- drawing
-def _draw(panels: dict[str, list[Series]], out: Path, title: str) -> None:
+@dataclass
+class CurvesPlot:
+    """What :func:`plot_training_curves` wrote.
+
+    Attributes:
+        path: the PNG.
+        panels: ``{panel title: [Series, ...]}`` of the panels drawn, in figure order (row by row).
+        constants: ``{column: value}`` of the columns left out as constant (listed under the figure).
+        files: the ``metrics.csv`` files read, oldest version first.
+        resumed_at: the first step of each version after the first (drawn as dotted vertical lines).
+    """
+
+    path: Path
+    panels: dict[str, list[Series]]
+    constants: dict[str, float] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    resumed_at: list[float] = field(default_factory=list)
+
+    @property
+    def titles(self) -> list[str]:
+        """Panel titles in figure order."""
+        return list(self.panels)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _figure(panels: dict[str, list[Series]], constants: dict[str, float], title: str,
+            resumed_at: Sequence[float] = ()) -> Figure:
+    """The figure: panels row by row (1, 2 or 3 columns), constants listed under it, a dotted vertical line where
+    each resumed version starts."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     n = len(panels)
-    ncols = 1 if n == 1 else 2
+    ncols = 1 if n == 1 else 2 if n <= 4 else 3
     nrows = math.ceil(n / ncols)
-    fig = Figure(figsize=(6.0 * ncols, 3.4 * nrows + 0.6), layout="constrained")
+    fig = Figure(figsize=(5.6 * ncols, 3.3 * nrows + 0.8), layout="constrained")
     FigureCanvasAgg(fig)
     fig.suptitle(title, fontsize=11)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True).ravel()
     for ax, (panel, series) in zip(axes, panels.items()):
-        spec = _SPEC_BY_TITLE[panel]
+        spec = _SPEC_BY_TITLE.get(panel)
         for s in series:
             few = len(s.steps) <= 30
-            bound = _words(s.name)[-1:] in (["min"], ["max"])  # extremes dashed, thinner than the mean
-            (line,) = ax.plot(s.steps, s.values, label=s.name, linewidth=0.9 if bound else 1.3,
+            bound = s.name.endswith(("min", "max", "min_length", "max_length"))  # extremes dashed, thinner
+            (line,) = ax.plot(s.steps, s.values, label=s.label, linewidth=0.9 if bound else 1.4,
                               linestyle="--" if bound else "-", marker="o" if few else None, markersize=3.5)
             if s.std is not None:
                 lo = [v - d for v, d in zip(s.values, s.std)]
                 hi = [v + d for v, d in zip(s.values, s.std)]
                 # the band shares its line's colour; the y label says "± 1 std", so no legend entry of its own
                 ax.fill_between(s.steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0, label="_nolegend_")
-        ax.set_title(panel)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(spec.ylabel)
+        for x in resumed_at:
+            ax.axvline(x, color="0.45", linestyle=":", linewidth=1.0, label="_nolegend_")
+        ax.set_title(panel, fontsize=10)
+        ax.set_ylabel(spec.ylabel if spec is not None else panel, fontsize=8)
         ax.grid(True, alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_tick_params(labelbottom=True)  # sharex hides inner tick labels; keep them on every panel
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4))
-        if len(series) > 4:  # a crowded legend goes under the panel, where it cannot hide the curves
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
-        else:
-            ax.legend(fontsize=8, loc="best")
+        if len(series) > 1 or series[0].label != panel:
+            ax.legend(fontsize=7, loc="best")
+    for ax in axes[:n]:
+        ax.set_xlabel("optimizer step", fontsize=8)
     for ax in axes[n:]:
         ax.set_visible(False)
+    if constants:
+        listed = ", ".join(f"{c} = {_fmt(v)}" for c, v in constants.items())
+        fig.supxlabel(textwrap.fill(f"Constant (no panel): {listed}", 40 * ncols), fontsize=8)
+    return fig
 
+
+def _save(fig: Figure, out: Path, metadata: dict[str, str]) -> None:
+    """Write ``fig`` as a PNG at ``out`` atomically (temporary file in the same folder + rename)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=110,
-                        metadata={"Title": title, "Description": "panels: " + "; ".join(panels)})
+            fig.savefig(f, format="png", dpi=100, metadata=metadata)
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def plot_training_curves(log_dir: str | Path, out: str | Path | None = None, *, version: int | None = None) -> Path:
+def plot_training_curves(log_dir: str | Path, out: str | Path | None = None, *,
+                         version: int | None = None) -> CurvesPlot:
     """Write a PNG of the training curves of a ``CSVLogger`` run.
 
-    One panel per group with data (see :data:`PANEL_SPECS`): loss (train and val), reward (mean ± std band),
-    accuracy, KL, completion length, learning rate, gradient norm; x axis = optimizer step. The panel titles are
-    also stored in the PNG's ``Description`` text chunk (``"panels: Loss; Reward; ..."``).
+    One panel per concept with data (:data:`PANEL_SPECS`, then one per unknown column), constant panels left out
+    and listed under the figure; x axis = optimizer step (integer ticks, shared). The panel titles are also stored
+    in the PNG's ``Description`` text chunk (``"panels: Eval accuracy (greedy); Reward; ..."``).
 
     Args:
-        log_dir: the run's log folder (see :func:`find_metrics_files`); resumed versions are joined
+        log_dir: the run's log folder (see :func:`find_metrics_files`); the versions of a resumed run are joined
             (see :func:`load_metrics`).
         out: PNG path; default ``<log_dir>/training_curves.png`` (next to ``metrics.csv`` when ``log_dir`` is
             the file). Parent folders are created. Written atomically (temporary file + rename): on error no
@@ -365,53 +501,67 @@ def plot_training_curves(log_dir: str | Path, out: str | Path | None = None, *, 
         version: plot only ``version_<version>``.
 
     Returns:
-        The path of the PNG.
+        A :class:`CurvesPlot`: the PNG path, the panels drawn (titles and series), the constant columns left out
+        and the files read.
 
     Raises:
         FileNotFoundError: no ``metrics.csv`` under ``log_dir`` (the run must use Lightning's ``CSVLogger``).
-        ValueError: the CSV has no plottable column (the message lists the columns found), or ``log_dir`` holds
-            several runs.
+        ValueError: the CSV has no plottable column (the message lists the columns found), every plottable column
+            is constant (the message lists them with their values), or ``log_dir`` holds several runs.
     """
-    rows, files = load_metrics(log_dir, version=version)
-    panels = collect_panels(rows)
-    if not panels:
+    if version is None:
+        rows, files, resumed_at = _join_versions(find_metrics_files(log_dir))
+    else:
+        (rows, files), resumed_at = load_metrics(log_dir, version=version), []
+    collected = collect_panels(rows)
+    if not collected:
         columns = sorted({k for r in rows for k in r if k is not None})
         raise ValueError(
             f"{', '.join(str(f) for f in files)} has no plottable column with data; columns found: "
-            f"{columns or 'none (empty file)'}. Plotted columns contain one of: loss, reward, accuracy/acc, kl, "
-            "length/len, lr/learning_rate, grad+norm (e.g. train/loss, val/loss, train/reward_mean)."
+            f"{columns or 'none (empty file)'}. Every numeric column is drawn except step, epoch, */ppl, */tokens "
+            "and */step_tokens."
         )
+    panels = {t: ss for t, ss in collected.items() if not all(s.is_constant for s in ss)}
+    constants = {s.name: s.values[-1] for t, ss in collected.items() if t not in panels for s in ss}
+    if not panels:
+        listed = ", ".join(f"{c} = {_fmt(v)}" for c, v in constants.items())
+        raise ValueError(f"{', '.join(str(f) for f in files)}: every plotted column is constant ({listed}); "
+                         "there is no curve to draw. Train for more steps.")
     root = Path(log_dir)
     out_path = Path(out) if out is not None else (root.parent if root.is_file() else root) / "training_curves.png"
     versions = [f.parent.name for f in files if _version_number(f.parent) is not None]
     run_dir = files[-1].parent.parent if versions else files[-1].parent
     run = "/".join(run_dir.absolute().parts[-2:])  # e.g. "sft_tiny/csv": the logger folder alone is often just "csv"
-    title = f"{run} ({', '.join(versions)})" if versions else run
-    _draw(panels, out_path, f"Training curves: {title}")
-    return out_path
+    title = f"Training curves: {run} ({', '.join(versions)})" if versions else f"Training curves: {run}"
+    metadata = {"Title": title, "Description": "panels: " + "; ".join(panels)}
+    _save(_figure(panels, constants, title, resumed_at), out_path, metadata)
+    return CurvesPlot(out_path, panels, constants, files, resumed_at)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m lit_llm.lightning.plot LOG_DIR [--out PNG] [--version N]``.
+    """Command line: ``lit-llm plot LOG_DIR [--out PNG] [--version N]``.
 
-    Prints the PNG path and returns 0; on a missing log or unplottable CSV prints ``error: ...`` to stderr and
-    returns 1.
+    Prints the PNG path and returns 0; on a missing log or unplottable CSV prints ``lit-llm plot: error: ...`` to
+    stderr and returns 1.
     """
     parser = argparse.ArgumentParser(
         prog="lit-llm plot",
-        description="Write a PNG of the training curves (loss, reward, accuracy, KL, lengths, lr, grad norm) of a "
-        "run logged with Lightning's CSVLogger.",
+        description="Write a PNG of the training curves of a run logged with Lightning's CSVLogger: one panel per "
+        "concept (eval accuracy, reward ± std, per-function rewards, loss, KL, entropy, clip ratios, completion "
+        "length, throughput, ...); the versions of a resumed run are joined.",
     )
-    parser.add_argument("log_dir", metavar="LOG_DIR", help="the CSVLogger folder (holding metrics.csv or version_*)")
+    parser.add_argument("log_dir", metavar="LOG_DIR", help="the run folder (trainer.default_root_dir), its CSVLogger "
+                        "folder (holding version_*) or one metrics.csv")
     parser.add_argument("--out", metavar="PNG", default=None, help="output path (default LOG_DIR/training_curves.png)")
-    parser.add_argument("--version", type=int, default=None, help="plot only version_N (default: newest run)")
+    parser.add_argument("--version", type=int, default=None,
+                        help="plot only version_N (default: the newest run, its resumed versions joined)")
     args = parser.parse_args(argv)
     try:
-        path = plot_training_curves(args.log_dir, args.out, version=args.version)
+        result = plot_training_curves(args.log_dir, args.out, version=args.version)
     except (FileNotFoundError, ValueError) as e:
         print(f"lit-llm plot: error: {e}", file=sys.stderr)
         return 1
-    print(path)
+    print(result.path)
     return 0
 
 

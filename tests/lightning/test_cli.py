@@ -115,15 +115,16 @@ def test_tiny_sft_end_to_end_resume_and_export(tmp_path):
     assert [int(r["step"]) for r in samples] == [10, 10, 20, 20]
     assert all(r["reference"] for r in samples)
 
-    # 1b. `lit-llm plot` on this real CSV log: a PNG with the loss, accuracy, learning-rate and grad-norm panels
+    # 1b. `lit-llm plot` on this real CSV log: a PNG with the loss, token-accuracy and grad-norm panels
     run_cli(tmp_path, "plot", str(full), "--out", str(tmp_path / "curves.png"))
     png = (tmp_path / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     from PIL import Image
 
     panels = Image.open(tmp_path / "curves.png").info["Description"]
-    for title in ("Loss", "Accuracy", "Learning rate", "Gradient norm"):
+    for title in ("Loss", "Token accuracy", "Gradient norm"):
         assert title in panels, panels
+    assert "Learning rate" not in panels  # constant lr: no panel (listed under the figure)
 
     # 2. stopped at step 12 (between two every-5-steps saves: last.ckpt still holds step 12, mid-epoch), resumed
     #    with --ckpt_path last: exactly steps 12..19 are added, with the uninterrupted run's losses
