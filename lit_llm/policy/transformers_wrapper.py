@@ -52,9 +52,16 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             ``(<mode key>, "full")`` otherwise.
         generate: generate version (``True``) or log-prob version (``False``).
         generate_kwargs: ``max_new_tokens`` (alias ``max_tokens``), ``do_sample``, ``temperature``, ``top_k``,
-            ``top_p``, ``min_p``, ``repetition_penalty``, ``num_return_sequences`` (alias ``n``), ``eos_token_id``,
-            ``pad_token_id``; see :func:`~lit_llm.policy.generation.resolve_generation_config` for defaults and
-            :func:`~lit_llm.policy.generation.validate_generate_kwargs` for the errors.
+            ``top_p``, ``min_p``, ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``,
+            ``stop_sequences`` (a stop string ends the response at the token that completes it; that token is in
+            the response and the masks, like an eos token), ``skip_special_tokens`` (response text and History
+            content only; ids untouched), ``num_return_sequences`` (alias ``n``), ``num_beams`` (1 only),
+            ``eos_token_id``, ``pad_token_id``; see :class:`~lit_llm.policy.generation.GenerationConfig` for their
+            meaning, :func:`~lit_llm.policy.generation.resolve_generation_config` for defaults and
+            :func:`~lit_llm.policy.generation.validate_generate_kwargs` for the errors (beam search, ``logprobs``
+            and the other keys of :data:`~lit_llm.policy.generation.UNSUPPORTED_GENERATE_KWARGS` raise with the
+            reason). Reported log-probs stay those of the tempered raw distribution whatever the processing (see
+            :func:`~lit_llm.policy.generation.prefix_dependent_settings`).
         tokenizer_kwargs: extra ``tokenizer(...)`` kwargs in text mode (default ``add_special_tokens=False``).
         pad_output: ``[B, T]`` padded outputs (prompt left-, response right-, full left-padded) instead of ragged
             lazy stacks. Both hold the same numbers.
@@ -242,7 +249,8 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         return torch.as_tensor(self.tokenizer(text, **self.tokenizer_kwargs)["input_ids"], dtype=torch.long)
 
     def _decode(self, ids: Tensor) -> str:
-        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+        """Response text; special tokens kept unless ``generate_kwargs["skip_special_tokens"]``."""
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=self.generation_config.skip_special_tokens)
 
     def _sampling_seeds(self, td: TensorDictBase, n: int) -> list[int] | None:
         """``B * n`` seeds ``row_seed(sampling_seed[b], k)`` (b-major) from the input's ``"sampling_seed"``, or
@@ -275,7 +283,7 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
         dev = self.device
         gen = generate_tokens(self.model, [p.to(dev) for p in prompts], self.generation_config, device=dev,
-                              seeds=seeds)
+                              seeds=seeds, tokenizer=self.tokenizer)
         prompts = [p.to(dev) for p in prompts]
         resp, resp_lp = gen.response_ids, gen.response_log_probs
         full = [torch.cat([p, r]) for p, r in zip(prompts, resp)]
@@ -315,8 +323,10 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         from lit_llm.data.history import History
 
         responses, fulls = [], []
+        eos = set(self.generation_config.eos_token_ids)
         for h, r, cut in zip(prompts, resp, truncated):
-            content = self._decode(r if cut else r[:-1])  # the stop token's text is not content; its id stays
+            # an eos token's text is not content (its id stays); a stop string's token is (it completes the text)
+            content = self._decode(r[:-1] if not cut and int(r[-1]) in eos else r)
             msg = History.from_chats([{"role": "assistant", "content": content, "is_complete": not cut}])
             responses.append(msg)
             fulls.append(h.extend(msg, inplace=False))
