@@ -27,7 +27,8 @@ import torch
 
 from lit_llm.data.errors import ChatTemplateError
 
-__all__ = ["STOP_STRINGS"]
+__all__ = ["CHAT_TEMPLATE_ALIASES", "CHAT_TEMPLATE_FILES", "STOP_STRINGS", "canonical_template_name",
+           "chat_templates_dir"]
 
 STOP_STRINGS = (
     "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<end_of_turn>", "<|end|>", "<|end_of_turn|>",
@@ -207,7 +208,12 @@ class _Renderer:
 
 
 def _resolve_template(tokenizer: Any, chat_template: str | os.PathLike | None, tools: Any) -> tuple[str, str]:
-    """Return ``(template_text, name)``; ``name`` is used in error messages."""
+    """Return ``(template_text, name)``; ``name`` is used in error messages.
+
+    ``chat_template`` is, in this order: ``None`` (the tokenizer's), a ``.jinja`` path, one of the tokenizer's named
+    templates, an existing file, a known template name (:data:`CHAT_TEMPLATE_FILES`, with TorchRL's aliases
+    :data:`CHAT_TEMPLATE_ALIASES`, read from :func:`chat_templates_dir`), or the Jinja text itself.
+    """
     if chat_template is None:
         return tokenizer.get_chat_template(None, tools), "tokenizer default"
     if isinstance(chat_template, os.PathLike) or (
@@ -229,12 +235,62 @@ def _resolve_template(tokenizer: Any, chat_template: str | os.PathLike | None, t
     if "{" not in chat_template:  # no Jinja tag or expression: a name or a path, never a template
         if Path(chat_template).is_file():
             return Path(chat_template).read_text(encoding="utf-8"), Path(chat_template).name
+        named_file = _named_template_file(chat_template)
+        if named_file is not None:
+            return named_file.read_text(encoding="utf-8"), chat_template
         raise ChatTemplateError(
             f"chat_template={chat_template!r} is not a Jinja template (it has no '{{'), not an existing file and not "
-            f"one of the tokenizer's named templates ({sorted(named) or 'none'}). Pass the template text, the path of "
-            f"a .jinja file, or None for the tokenizer's own template."
+            f"one of the tokenizer's named templates ({sorted(named) or 'none'}) nor a known template name "
+            f"({sorted({*CHAT_TEMPLATE_FILES, *CHAT_TEMPLATE_ALIASES})}). Pass the template text, the path of a "
+            f".jinja file, a known name, or None for the tokenizer's own template."
         )
     return chat_template, "<inline template>"
+
+
+# ---------------------------------------------------------------------- named templates
+#: TorchRL's ``chat_template_name`` values -> lit_llm's family names (``torchrl/modules/llm/policies``).
+CHAT_TEMPLATE_ALIASES: dict[str, str] = {"chatml_format": "chatml"}
+#: Template names -> file in :func:`chat_templates_dir` (the shared test templates; the package ships none).
+CHAT_TEMPLATE_FILES: dict[str, str] = {
+    "chatml": "chatml.jinja", "qwen": "stock-qwen2_5.jinja", "qwen3": "stock-qwen3.jinja",
+    "llama3": "llama-3-instruct.jinja", "llama2": "llama-2-chat.jinja", "mistral": "mistral-instruct.jinja",
+    "gemma": "gemma-it.jinja", "phi3": "phi-3.jinja", "zephyr": "zephyr.jinja",
+}
+
+
+def canonical_template_name(name: str) -> str:
+    """``name`` lower-cased with TorchRL's aliases applied (``"chatml_format"`` -> ``"chatml"``)."""
+    low = str(name).lower()
+    return CHAT_TEMPLATE_ALIASES.get(low, low)
+
+
+def chat_templates_dir() -> Path:
+    """Where named templates are read: ``$LIT_LLM_CHAT_TEMPLATES``, else ``$LIT_LLM_SHARED_DATA/chat_templates``,
+    else ``shared/data/chat_templates`` next to the checkout (the project ships no template files)."""
+    if os.environ.get("LIT_LLM_CHAT_TEMPLATES"):
+        return Path(os.environ["LIT_LLM_CHAT_TEMPLATES"])
+    if os.environ.get("LIT_LLM_SHARED_DATA"):
+        return Path(os.environ["LIT_LLM_SHARED_DATA"]) / "chat_templates"
+    return Path(__file__).resolve().parents[3] / "shared" / "data" / "chat_templates"
+
+
+def _named_template_file(name: str) -> Path | None:
+    """The file of a named template (:data:`CHAT_TEMPLATE_FILES`, aliases applied), ``None`` for other names.
+
+    Raises:
+        ChatTemplateError: a known name whose file is absent (names the folder and how to point at another).
+    """
+    canon = canonical_template_name(name)
+    if canon not in CHAT_TEMPLATE_FILES:
+        return None
+    path = chat_templates_dir() / CHAT_TEMPLATE_FILES[canon]
+    if not path.is_file():
+        raise ChatTemplateError(
+            f"chat template name {name!r} refers to {CHAT_TEMPLATE_FILES[canon]!r}, not found in {path.parent}. Set "
+            f"LIT_LLM_CHAT_TEMPLATES (or LIT_LLM_SHARED_DATA) to the folder holding it, or pass the template text "
+            f"or a .jinja path as chat_template."
+        )
+    return path
 
 
 # ---------------------------------------------------------------------- tokenisation helpers

@@ -23,6 +23,7 @@ prompt is not a prefix a :class:`~lit_llm.data.errors.PrefixMismatchError` names
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,6 +59,95 @@ def template_display_name(chat_template: str | os.PathLike | None) -> str:
 
 def _is_batched(obj: TensorClass) -> bool:
     return obj.batch_dims > 0
+
+
+def _unbatched_field(obj: TensorClass, name: str, value: Any) -> Any:
+    """A field of an unbatched (``batch_size=[]``) container as one item: a batch of one (a ``[1, n]`` History, a
+    ``[1, T]`` tensor, a one-element list) is taken as its only row; a larger batch is an error.
+
+    Raises:
+        ValueError: the field holds a batch of more than one row (names the field and the fix).
+    """
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        n = len(value)
+        one = value[0] if n == 1 else None
+    elif isinstance(value, torch.Tensor):
+        if value.dim() < 2:
+            return value
+        n, one = value.shape[0], value[0] if value.shape[0] == 1 else None
+    elif callable(getattr(value, "apply_chat_template", None)):  # a History: one item is [n_messages]
+        if value.batch_dims < 2:
+            return value
+        n, one = value.batch_size[0], value[0] if value.batch_size[0] == 1 else None
+    else:
+        return value
+    if n == 1:
+        return one
+    raise ValueError(
+        f"{type(obj).__name__}.{name}: this container is unbatched (batch_size=[]) but {name!r} holds {n} rows; "
+        f"build it with batch_size=[{n}] (one row per item) or pass one row."
+    )
+
+
+def _one_item(obj: TensorClass) -> TensorClass:
+    """``obj`` (unbatched) with every field reduced to one item (see :func:`_unbatched_field`)."""
+    fields = {k: _unbatched_field(obj, k, getattr(obj, k)) for k in ("prompt", "response", "full")}
+    changed = any(fields[k] is not getattr(obj, k) for k in fields)
+    if not changed:
+        return obj
+    extra = {"padded": obj.padded} if hasattr(obj, "padded") else {}
+    return type(obj)(**fields, **extra)
+
+
+def _family(tokenizer: Any, chat_template_name: str | None, what: str) -> str:
+    """The parsing family: ``chat_template_name`` (TorchRL's aliases applied), else read off the tokenizer's template.
+
+    Raises:
+        ValueError: no name and the tokenizer's template is of no known family (pass ``chat_template_name``).
+    """
+    from lit_llm.data.chat_template import canonical_template_name
+
+    if chat_template_name is not None:
+        return canonical_template_name(chat_template_name)
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    markers = (("<|im_start|>", "chatml"), ("<|start_header_id|>", "llama3"), ("<start_of_turn>", "gemma"),
+               ("<<SYS>>", "llama2"), ("[INST]", "mistral"), ("<|end|>", "phi3"), ("<|user|>", "zephyr"))
+    for marker, family in markers:
+        if isinstance(template, str) and marker in template:
+            return family
+    raise ValueError(f"{what}: chat_template_name is None and the tokenizer's chat template is of no known family; "
+                     f"pass chat_template_name (e.g. 'chatml', 'llama3').")
+
+
+def _split_at_last_assistant(messages: list[dict]) -> tuple[list[dict], list[dict]]:
+    """``(prompt, response)``: the response is the last assistant message and what follows it (TorchRL's split of
+    a full conversation); no assistant message -> ``(messages, [])``."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+    if last is None:
+        return messages, []
+    return messages[:last], messages[last:]
+
+
+def _require_history(value: Any, field: str, what: str) -> None:
+    if value is not None and not callable(getattr(value, "apply_chat_template", None)):
+        raise TypeError(f"{what}: {field!r} must be a History (lit_llm.data.history.History), got "
+                        f"{type(value).__name__}. Build it with History.from_chats(...).")
+
+
+def _pad_ids(rows: list[torch.Tensor], value: int, side: str) -> torch.Tensor:
+    width = max((r.numel() for r in rows), default=0)
+    out = torch.full((len(rows), width), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r.numel():
+            if side == "left":
+                out[i, width - r.numel():] = r
+            else:
+                out[i, :r.numel()] = r
+    return out
 
 
 def _rows(obj: TensorClass) -> list:
@@ -107,64 +197,99 @@ class Text(TensorClass["nocast"]):
     response: str | None = None
     full: str | None = None
 
-    def to_tokens(self, tokenizer: Any) -> Tokens:
-        """Tokenize: ``full`` once, ``prompt`` once, ``response`` = full ids minus the prompt ids.
+    def to_tokens(self, tokenizer: Any, padding: bool = False, truncation: bool = False, *,
+                  max_length: int | None = None, return_tensors: str = "pt") -> Tokens:
+        """Tokenize: ``full`` once, ``prompt`` once, ``response`` = full ids minus the prompt ids (TorchRL's signature).
 
         Special tokens are not added (``add_special_tokens=False``): the texts are expected to be rendered chats that
         already carry them. ``full`` defaults to ``prompt + response`` when absent; ``response`` is never tokenized
-        on its own, so ``tokens.full == cat(tokens.prompt, tokens.response)`` (DESIGN.md property 1).
+        on its own, so ``tokens.full == cat(tokens.prompt, tokens.response)`` (DESIGN.md property 1). A container
+        holding only ``full`` gives ``Tokens(full=...)`` (no split is known from text alone).
 
         Args:
             tokenizer: a Hugging Face tokenizer.
+            padding: batches only: return ``[B, T]`` tensors (``padded=True``: prompt left-, response right-, full
+                left-padded with ``tokenizer.pad_token_id``) instead of a lazy stack of rows. Ignored for one item.
+            truncation: truncate each text to ``max_length`` tokens (the tokenizer's ``model_max_length`` when
+                ``None``), as the tokenizer does; the prompt must still be a prefix of the full ids.
+            max_length: see ``truncation``.
+            return_tensors: ``"pt"`` only (torch tensors; accepted for TorchRL parity).
 
         Returns:
-            :class:`Tokens` with 1-D ``torch.long`` fields (``padded=False``); a lazy stack of them for a batch.
-            ``response`` is ``None`` when neither ``response`` nor ``full`` is set.
+            :class:`Tokens` with 1-D ``torch.long`` fields (``padded=False``); a lazy stack of them for a batch, or
+            one padded ``[B]`` instance with ``padding=True``. ``response`` is ``None`` when neither ``response``
+            nor ``full`` is set.
 
         Raises:
-            ValueError: ``prompt`` is missing.
+            ValueError: ``return_tensors`` other than ``"pt"``; neither ``prompt`` nor ``full`` is set; ``padding``
+                without a pad token; an unbatched container holding several rows.
             PrefixMismatchError: the prompt text is not a prefix of ``full`` (position in characters), or its ids
                 are not a prefix of the full ids (a BPE merge across the boundary; position in tokens).
         """
+        if return_tensors != "pt":
+            raise ValueError(f"Text.to_tokens: return_tensors={return_tensors!r} is not supported; lit_llm "
+                             f"containers hold torch tensors (return_tensors='pt').")
+        kw = {"truncation": truncation, "max_length": max_length} if truncation else {}
         if _is_batched(self):
-            return lazy_stack([row.to_tokens(tokenizer) for row in _rows(self)])
-        prompt, full = self.prompt, self._full_text("Text.to_tokens")
-        prompt_ids = _encode(tokenizer, prompt)
+            rows = [row.to_tokens(tokenizer, truncation=truncation, max_length=max_length) for row in _rows(self)]
+            return _padded_tokens(rows, tokenizer, "Text.to_tokens") if padding else lazy_stack(rows)
+        item = _one_item(self)
+        if item.prompt is None and item.full is not None:
+            return Tokens(full=_encode(tokenizer, item.full, **kw), padded=False)
+        prompt, full = item.prompt, item._full_text("Text.to_tokens")
+        prompt_ids = _encode(tokenizer, prompt, **kw)
         if full is None:
             return Tokens(prompt=prompt_ids, padded=False)
-        full_ids = _encode(tokenizer, full)
+        full_ids = _encode(tokenizer, full, **kw)
         check_prefix(prompt_ids, full_ids, template_name="<text: Text.to_tokens>")
         return Tokens(prompt=prompt_ids, response=full_ids[prompt_ids.numel():], full=full_ids, padded=False)
 
-    def to_history(self, chat_template_name: str) -> ChatHistory:
+    def to_history(self, tokenizer: Any = None, chat_template_name: str | None = None) -> ChatHistory:
         """Parse the texts back into messages (see :func:`lit_llm.data.chat_parsing.parse_chat_text`).
 
         ``prompt`` is parsed with its trailing generation prompt (an empty, unfinished assistant turn) removed;
         ``full`` (``prompt + response`` when absent) is parsed whole; ``response`` is the messages of ``full`` after
-        the prompt's messages (an unfinished final reply has ``is_complete=False``).
+        the prompt's messages (an unfinished final reply has ``is_complete=False``). A container holding only
+        ``full`` is split as TorchRL splits it: the response is the last assistant message and what follows it, the
+        prompt what precedes it.
 
         Args:
-            chat_template_name: the template family (``"chatml"``, ``"llama3"``, ...).
+            tokenizer: the tokenizer the text was rendered with; its chat template gives the family when
+                ``chat_template_name`` is ``None``. (A string here is taken as ``chat_template_name``, the older
+                lit_llm signature ``to_history(name)``.)
+            chat_template_name: the template family (``"chatml"``, ``"llama3"``, ...; TorchRL's ``"chatml_format"``
+                is ``"chatml"``); ``None`` = read off the tokenizer's template.
 
         Returns:
             :class:`ChatHistory` with 1-D histories ``[n_messages]``; a lazy stack of them for a batch.
 
         Raises:
-            ValueError: ``prompt`` is missing, the family is unknown, or the text is not a rendered chat of it.
+            ValueError: neither ``prompt`` nor ``full`` is set, the family is unknown or cannot be read off the
+                tokenizer, or the text is not a rendered chat of it.
             PrefixMismatchError: the prompt text is not a prefix of ``full``.
         """
         from lit_llm.data.chat_parsing import parse_chat_text
         from lit_llm.data.history import History
 
+        if isinstance(tokenizer, str) and chat_template_name is None:
+            tokenizer, chat_template_name = None, tokenizer
         if _is_batched(self):
-            return lazy_stack([row.to_history(chat_template_name) for row in _rows(self)])
-        full = self._full_text("Text.to_history")
-        prompt_msgs = parse_chat_text(self.prompt, chat_template_name)
+            return lazy_stack([row.to_history(tokenizer, chat_template_name) for row in _rows(self)])
+        family = _family(tokenizer, chat_template_name, "Text.to_history")
+        item = _one_item(self)
+        if item.prompt is None and item.full is not None:
+            full_msgs = parse_chat_text(item.full, family)
+            prompt_msgs, resp_msgs = _split_at_last_assistant(full_msgs)
+            return ChatHistory(prompt=History.from_chats(prompt_msgs) if prompt_msgs else None,
+                               response=History.from_chats(resp_msgs) if resp_msgs else None,
+                               full=History.from_chats(full_msgs))
+        full = item._full_text("Text.to_history")
+        prompt_msgs = parse_chat_text(item.prompt, family)
         if prompt_msgs and prompt_msgs[-1]["role"] == "assistant" and not prompt_msgs[-1]["content"]:
             prompt_msgs = prompt_msgs[:-1]  # the generation prompt, not a message
         out = ChatHistory(prompt=History.from_chats(prompt_msgs) if prompt_msgs else None)
         if full is not None:
-            full_msgs = parse_chat_text(full, chat_template_name)
+            full_msgs = parse_chat_text(full, family)
             out.full = History.from_chats(full_msgs)
             resp_msgs = full_msgs[len(prompt_msgs):]
             if resp_msgs:
@@ -173,7 +298,8 @@ class Text(TensorClass["nocast"]):
 
     def _full_text(self, what: str) -> str | None:
         if self.prompt is None:
-            raise ValueError(f"{what}: the 'prompt' field is None; set Text(prompt=...) first.")
+            raise ValueError(f"{what}: the 'prompt' field is None (and no 'full'); set Text(prompt=...) or "
+                             f"Text(full=...) first.")
         if self.full is None:
             return None if self.response is None else self.prompt + self.response
         if not self.full.startswith(self.prompt):
@@ -198,51 +324,67 @@ class Tokens(TensorClass["nocast"]):
     full: torch.Tensor | None = None
     padded: bool | None = None
 
-    def to_text(self, tokenizer: Any) -> Text:
-        """Decode the ids, keeping special tokens (``skip_special_tokens=False``).
+    def to_text(self, tokenizer: Any, skip_special_tokens: bool = False) -> Text:
+        """Decode the ids (TorchRL's signature).
 
         ``full`` defaults to ``cat(prompt, response)``; when both ``prompt`` and ``full`` are set, ``response`` text
-        is the decoded full text minus the decoded prompt text.
+        is the decoded full text minus the decoded prompt text. A container holding only ``full`` gives
+        ``Text(full=...)``.
 
         Args:
             tokenizer: a Hugging Face tokenizer.
+            skip_special_tokens: drop special tokens from the texts (default ``False``: keep them, so the text
+                re-tokenizes to the same ids and parses back into messages).
 
         Returns:
             :class:`Text`; a lazy stack of them for a batch.
 
         Raises:
-            ValueError: the tokens are padded (unpad them first: the pad id can equal the end-of-turn id).
+            ValueError: the tokens are padded (unpad them first: the pad id can equal the end-of-turn id); an
+                unbatched container holding several rows.
+            PrefixMismatchError: the decoded prompt is not a prefix of the decoded full text.
         """
         if _is_batched(self):
-            return lazy_stack([row.to_text(tokenizer) for row in _rows(self)])
+            return lazy_stack([row.to_text(tokenizer, skip_special_tokens) for row in _rows(self)])
         if self.padded:
             raise ValueError("Tokens.to_text: padded=True; decode unpadded tokens (a lazy stack), as pad == eos.")
+        item = _one_item(self)
 
         def dec(t: torch.Tensor | None) -> str | None:
-            return None if t is None else tokenizer.decode(_as_long_1d(t, "ids").tolist(), skip_special_tokens=False)
+            if t is None:
+                return None
+            return tokenizer.decode(_as_long_1d(t, "ids").tolist(), skip_special_tokens=skip_special_tokens)
 
-        full = self.full
-        if full is None and self.prompt is not None and self.response is not None:
-            full = torch.cat([_as_long_1d(self.prompt, "prompt"), _as_long_1d(self.response, "response")])
-        prompt_text, full_text = dec(self.prompt), dec(full)
-        response_text = dec(self.response)
+        full = item.full
+        if full is None and item.prompt is not None and item.response is not None:
+            full = torch.cat([_as_long_1d(item.prompt, "prompt"), _as_long_1d(item.response, "response")])
+        prompt_text, full_text = dec(item.prompt), dec(full)
+        response_text = dec(item.response)
         if prompt_text is not None and full_text is not None:
             if not full_text.startswith(prompt_text):
                 raise _text_prefix_error(prompt_text, full_text, "Tokens.to_text")
             response_text = full_text[len(prompt_text):]
         return Text(prompt=prompt_text, response=response_text, full=full_text)
 
-    def to_history(self, tokenizer: Any, chat_template_name: str) -> ChatHistory:
-        """Decode (:meth:`to_text`) then parse (:meth:`Text.to_history`).
+    def to_history(self, tokenizer: Any, chat_template_name: str | None = None,
+                   skip_special_tokens: bool = False) -> ChatHistory:
+        """Decode (:meth:`to_text`) then parse (:meth:`Text.to_history`), TorchRL's signature.
 
         Args:
-            tokenizer: a Hugging Face tokenizer.
-            chat_template_name: the template family (``"chatml"``, ``"llama3"``, ...).
+            tokenizer: a Hugging Face tokenizer (its chat template gives the family when ``chat_template_name`` is
+                ``None``).
+            chat_template_name: the template family (``"chatml"``, ``"llama3"``, ...; ``"chatml_format"`` =
+                ``"chatml"``).
+            skip_special_tokens: passed to :meth:`to_text`. Keep ``False`` for families whose turn markers are
+                special tokens (ChatML, Llama 3, ...): without them the text no longer parses as a conversation.
 
         Returns:
             :class:`ChatHistory`; a lazy stack of them for a batch.
+
+        Raises:
+            ValueError: see :meth:`to_text` and :meth:`Text.to_history`.
         """
-        return self.to_text(tokenizer).to_history(chat_template_name)
+        return self.to_text(tokenizer, skip_special_tokens).to_history(tokenizer, chat_template_name)
 
 
 class Masks(TensorClass["nocast"]):
@@ -292,27 +434,58 @@ class ChatHistory(TensorClass["nocast"]):
     response: History | None = None
     full: History | None = None
 
-    def to_text(self, tokenizer: Any, chat_template: str | os.PathLike | None = None, **template_kwargs: Any) -> Text:
+    def __post_init__(self) -> None:
+        """TorchRL's check: each History has one more batch dimension than the container (its messages). A History
+        with the container's own rank (e.g. ``history[:, 0]``, one message per row) gets a ``UserWarning`` and is
+        unsqueezed along its last dimension (as a lazy stack), as TorchRL does.
+
+        Raises:
+            TypeError: a field that is not a History (e.g. a list of message dicts).
+        """
+        for name in ("prompt", "response", "full"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            _require_history(value, name, "ChatHistory")
+            if getattr(value, "batch_dims", None) == self.batch_dims:
+                warnings.warn(
+                    f"ChatHistory.{name}: the History should have one more batch dimension than the ChatHistory (its "
+                    f"messages), got {value.batch_dims} and {self.batch_dims}; it is unsqueezed along the last "
+                    f"dimension (one message per row).", UserWarning, stacklevel=2)
+                setattr(self, name, lazy_stack([value], -1))
+
+    def to_text(self, tokenizer: Any, chat_template: str | os.PathLike | None = None, *,
+                chat_template_name: str | None = None, **template_kwargs: Any) -> Text:
         """Render: prompt with the generation prompt, full without; response = full text minus the prompt text.
+
+        A container holding only ``full`` is split as TorchRL splits it: the prompt is the conversation before its
+        last assistant message, the response that message and what follows (no assistant message: ``full`` only).
 
         Args:
             tokenizer: a Hugging Face tokenizer.
-            chat_template: a Jinja string or a ``.jinja`` path; ``None`` for the tokenizer's own.
+            chat_template: a Jinja string, a ``.jinja`` path or a template name; ``None`` for the tokenizer's own.
+            chat_template_name: TorchRL's name for the template (``"chatml_format"``, ``"qwen"``, ``"llama3"``, ...;
+                see :data:`lit_llm.data.chat_template.CHAT_TEMPLATE_FILES`); exclusive with ``chat_template``.
             **template_kwargs: passed to :meth:`History.apply_chat_template` (e.g. ``enable_thinking``).
 
         Returns:
             :class:`Text`; a lazy stack of them for a batch.
 
         Raises:
-            ValueError: ``prompt`` is missing.
+            ValueError: neither ``prompt`` nor ``full`` is set; both ``chat_template`` and ``chat_template_name``;
+                an unbatched container holding several rows.
+            TypeError: a field that is not a History.
             PrefixMismatchError: the rendered prompt is not a prefix of the rendered full conversation (names the
                 template and the character position).
         """
+        chat_template = _template_arg(chat_template, chat_template_name, "ChatHistory.to_text")
         if _is_batched(self):
             return lazy_stack([row.to_text(tokenizer, chat_template, **template_kwargs) for row in _rows(self)])
-        full_h = self._full_history("ChatHistory.to_text")
+        prompt_h, full_h = self._prompt_and_full("ChatHistory.to_text")
         kw = dict(chat_template=chat_template, tokenize=False, **template_kwargs)
-        prompt = self.prompt.apply_chat_template(tokenizer, add_generation_prompt=True, **kw)
+        if prompt_h is None:
+            return Text(full=full_h.apply_chat_template(tokenizer, add_generation_prompt=False, **kw))
+        prompt = prompt_h.apply_chat_template(tokenizer, add_generation_prompt=True, **kw)
         if full_h is None:
             return Text(prompt=prompt)
         full = full_h.apply_chat_template(tokenizer, add_generation_prompt=False, **kw)
@@ -323,50 +496,102 @@ class ChatHistory(TensorClass["nocast"]):
         return Text(prompt=prompt, response=full[len(prompt):], full=full)
 
     def to_tokens(
-        self, tokenizer: Any, chat_template: str | os.PathLike | None = None, **template_kwargs: Any
+        self, tokenizer: Any, chat_template: str | os.PathLike | None = None, *, chat_template_name: str | None = None,
+        **template_kwargs: Any
     ) -> Tokens:
         """Tokenize: prompt rendered with the generation prompt, full rendered without; response by ids.
 
         ``response`` = the full ids minus the prompt ids, after checking with
         :func:`~lit_llm.data.errors.check_prefix` that the prompt ids are an exact prefix (DESIGN.md property 2);
-        so ``tokens.full == cat(tokens.prompt, tokens.response)``.
+        so ``tokens.full == cat(tokens.prompt, tokens.response)``. A container holding only ``full`` is split at its
+        last assistant message (as :meth:`to_text`).
 
         Args:
             tokenizer: a Hugging Face tokenizer.
-            chat_template: a Jinja string or a ``.jinja`` path; ``None`` for the tokenizer's own.
+            chat_template: a Jinja string, a ``.jinja`` path or a template name; ``None`` for the tokenizer's own.
+            chat_template_name: TorchRL's name for the template (``"chatml_format"``, ``"qwen"``, ...); exclusive
+                with ``chat_template``.
             **template_kwargs: passed to :meth:`History.apply_chat_template` (e.g. ``enable_thinking``,
                 ``allow_special_tokens``).
 
         Returns:
             :class:`Tokens` with 1-D ``torch.long`` fields and ``padded=False``; a lazy stack for a batch.
-            ``response`` and ``full`` are ``None`` when neither ``full`` nor ``response`` is set.
+            ``response`` and ``full`` are ``None`` when neither ``full`` nor ``response`` is set; ``prompt`` and
+            ``response`` are ``None`` for a ``full``-only conversation without an assistant message.
 
         Raises:
-            ValueError: ``prompt`` is missing.
+            ValueError: neither ``prompt`` nor ``full`` is set; both ``chat_template`` and ``chat_template_name``;
+                an unbatched container holding several rows.
+            TypeError: a field that is not a History.
             PrefixMismatchError: the prompt ids are not a prefix of the full ids (names the template and position),
                 e.g. Qwen3 removing the reasoning of earlier assistant turns once a reply follows.
         """
+        chat_template = _template_arg(chat_template, chat_template_name, "ChatHistory.to_tokens")
         if _is_batched(self):
             return lazy_stack([row.to_tokens(tokenizer, chat_template, **template_kwargs) for row in _rows(self)])
-        full_h = self._full_history("ChatHistory.to_tokens")
+        prompt_h, full_h = self._prompt_and_full("ChatHistory.to_tokens")
         kw = dict(chat_template=chat_template, tokenize=True, return_dict=False, **template_kwargs)
-        prompt_ids = _as_long_1d(self.prompt.apply_chat_template(tokenizer, add_generation_prompt=True, **kw), "prompt")
+        if prompt_h is None:
+            full_ids = full_h.apply_chat_template(tokenizer, add_generation_prompt=False, **kw)
+            return Tokens(full=_as_long_1d(full_ids, "full"), padded=False)
+        prompt_ids = _as_long_1d(prompt_h.apply_chat_template(tokenizer, add_generation_prompt=True, **kw), "prompt")
         if full_h is None:
             return Tokens(prompt=prompt_ids, padded=False)
         full_ids = _as_long_1d(full_h.apply_chat_template(tokenizer, add_generation_prompt=False, **kw), "full")
         check_prefix(prompt_ids, full_ids, template_name=template_display_name(chat_template))
         return Tokens(prompt=prompt_ids, response=full_ids[prompt_ids.numel():], full=full_ids, padded=False)
 
-    def _full_history(self, what: str) -> History | None:
-        if self.prompt is None:
-            raise ValueError(f"{what}: the 'prompt' field is None; set ChatHistory(prompt=History...) first.")
-        if self.full is not None:
-            return self.full
-        if self.response is None:
-            return None
-        return self.prompt.extend(self.response, inplace=False)
+    def _prompt_and_full(self, what: str) -> tuple[History | None, History | None]:
+        """``(prompt, full)`` of one item; ``prompt`` is ``None`` only for a ``full``-only conversation without an
+        assistant message."""
+        item = _one_item(self)
+        for name in ("prompt", "response", "full"):
+            _require_history(getattr(item, name), name, what)
+        if item.prompt is None:
+            if item.full is None:
+                raise ValueError(f"{what}: the 'prompt' and 'full' fields are None; set ChatHistory(prompt=History...) "
+                                 f"or ChatHistory(full=History...) first.")
+            roles = [r for r in _as_list(item.full.role) if r != "<none>"]
+            last = max((i for i, r in enumerate(roles) if r == "assistant"), default=None)
+            if last is None or last == 0:
+                return None, item.full
+            return item.full[:last], item.full
+        if item.full is not None:
+            return item.prompt, item.full
+        if item.response is None:
+            return item.prompt, None
+        return item.prompt, item.prompt.extend(item.response, inplace=False)
 
 
-def _encode(tokenizer: Any, text: str) -> torch.Tensor:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+def _as_list(value: Any) -> list:
+    return list(value) if not isinstance(value, str) else [value]
+
+
+def _template_arg(chat_template: Any, chat_template_name: str | None, what: str) -> Any:
+    """The template to render with: ``chat_template``, or the name (resolved by ``History.apply_chat_template``)."""
+    if chat_template_name is None:
+        return chat_template
+    if chat_template is not None:
+        raise ValueError(f"{what}: pass chat_template or chat_template_name, not both (got {chat_template!r} and "
+                         f"{chat_template_name!r}).")
+    return chat_template_name
+
+
+def _encode(tokenizer: Any, text: str, **kwargs: Any) -> torch.Tensor:
+    ids = tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"]
     return torch.as_tensor(ids, dtype=torch.long)
+
+
+def _padded_tokens(rows: list[Tokens], tokenizer: Any, what: str) -> Tokens:
+    """Rows of :class:`Tokens` as one ``[B]`` instance of ``[B, T]`` tensors (prompt left-, response right-, full
+    left-padded with the tokenizer's pad id)."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        raise ValueError(f"{what}: padding=True needs tokenizer.pad_token_id; set tokenizer.pad_token.")
+    sides = {"prompt": "left", "response": "right", "full": "left"}
+    fields = {}
+    for name, side in sides.items():
+        values = [getattr(r, name) for r in rows]
+        if all(v is not None for v in values):
+            fields[name] = _pad_ids(values, pad, side)
+    return Tokens(**fields, padded=True, batch_size=[len(rows)])

@@ -63,6 +63,9 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
         inplace: ``True`` (write into the input), ``False`` (a new tensordict with the input's entries and the
             outputs) or ``"empty"`` (a new tensordict with the outputs only).
         num_samples: responses per prompt (batch shape ``[B, num_samples]``) or ``None`` (batch shape ``[B]``).
+        return_text, return_tokens, return_masks, return_history: which containers the output carries (TorchRL's
+            flags and defaults: ``text`` in history and text modes, ``history`` in history mode, ``tokens`` and
+            ``masks`` always; both versions). ``return_log_probs`` likewise for ``log_probs``.
     """
 
     def _init_common(self, *, model: Any, tokenizer: Any, input_mode: str, input_key: NestedKey | None,
@@ -70,7 +73,8 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
                      num_samples: int | None, return_log_probs: bool | None, history_key: NestedKey,
                      text_key: NestedKey, tokens_key: NestedKey, masks_key: NestedKey, log_probs_key: NestedKey,
                      batching: bool | None, min_batch_size: int | None, max_batch_size: int | None,
-                     batching_timeout: float) -> None:
+                     batching_timeout: float, return_text: bool | None = None, return_masks: bool | None = None,
+                     return_tokens: bool | None = None, return_history: bool | None = None) -> None:
         if input_mode not in INPUT_MODES:
             raise ValueError(f"input_mode must be one of {INPUT_MODES}, got {input_mode!r}.")
         if not isinstance(pad_output, bool):
@@ -101,19 +105,31 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
         self.inplace = inplace
         self.num_samples = num_samples
         self.return_log_probs = True if return_log_probs is None else bool(return_log_probs)
+        self._user_returns = {"return_text": return_text, "return_masks": return_masks,
+                              "return_tokens": return_tokens, "return_history": return_history}
+        for name, value in self._user_returns.items():
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool or None, got {value!r}.")
+        if return_history and input_mode != "history":
+            raise ValueError(f"return_history=True needs input_mode='history' (got {input_mode!r}): there is no "
+                             f"History to return. Leave return_history=None.")
+        if return_text and input_mode == "tokens":
+            raise ValueError("return_text=True needs input_mode 'history' or 'text': the tokens mode has no text "
+                             "(decode with Tokens.to_text). Leave return_text=None.")
+        # TorchRL's rule: history in history mode, text in history/text modes, tokens and masks always
+        self.return_history = input_mode == "history" if return_history is None else return_history
+        self.return_text = input_mode in ("history", "text") if return_text is None else return_text
+        self.return_tokens = True if return_tokens is None else return_tokens
+        self.return_masks = True if return_masks is None else return_masks
         self.history_key, self.text_key, self.tokens_key = history_key, text_key, tokens_key
         self.masks_key, self.log_probs_key = masks_key, log_probs_key
         self._user_input_key = input_key
         mode_key = {"history": history_key, "text": text_key, "tokens": tokens_key}[input_mode]
         self.input_key = input_key if input_key is not None else (*_key(mode_key), "prompt" if generate else "full")
         self.in_keys = [self.input_key]
-        out = [tokens_key, masks_key]
-        if generate and input_mode in ("history", "text"):
-            out.insert(0, text_key)
-        if self.return_log_probs:
-            out.append(log_probs_key)
-        if generate and input_mode == "history":
-            out.append(history_key)
+        out = [k for k, on in ((text_key, self.return_text), (tokens_key, self.return_tokens),
+                                (masks_key, self.return_masks), (log_probs_key, self.return_log_probs),
+                                (history_key, self.return_history)) if on]
         if generate:
             out.append("truncated")
         self.out_keys = out
@@ -128,7 +144,7 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
             num_samples=self.num_samples,
             return_log_probs=None if self.return_log_probs else False, history_key=self.history_key,
             text_key=self.text_key, tokens_key=self.tokens_key, masks_key=self.masks_key,
-            log_probs_key=self.log_probs_key,
+            log_probs_key=self.log_probs_key, **self._user_returns,
         )
 
     def get_new_version(self, *, share_batching_state: bool = False, **overrides: Any) -> LLMWrapperBase:
@@ -264,8 +280,12 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
             out = TensorDict(batch_size=td.batch_size, device=td.device)
         else:
             out = td.copy()
+        flags = ((self.text_key, self.return_text), (self.tokens_key, self.return_tokens),
+                 (self.masks_key, self.return_masks), (self.history_key, self.return_history))
+        skip = {k for k, on in flags if not on}
         for key, value in results.items():
-            out.set(key, value)
+            if key not in skip:
+                out.set(key, value)
         return out
 
     def _forward_impl(self, td: TensorDictBase, **kwargs: Any) -> tuple[dict[NestedKey, Any], int | None]:

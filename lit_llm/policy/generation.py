@@ -14,7 +14,12 @@ Two public pieces used by :class:`~lit_llm.policy.transformers_wrapper.Transform
 Why our own loop rather than ``model.generate``: the reported log-probs must be ``log_softmax(logits / T)`` of the raw
 logits (not the processed scores), and keeping ``output_logits`` for every step costs ``[B, V]`` fp32 per step; here
 each step gathers the one sampled log-prob and frees the rest. The logits processors themselves are transformers'
-(repetition penalty, temperature, top-k, top-p, min-p, in ``model.generate``'s order).
+(repetition penalty, no-repeat-n-gram, temperature, top-k, top-p, min-p, in ``model.generate``'s order); stop strings
+and ``min_new_tokens`` are handled by the loop.
+
+Reported log-probs under processing: always the tempered, **unprocessed** distribution (the one the log-prob version
+scores). Top-k/top-p/min-p only truncate it; the prefix-dependent settings (:data:`PREFIX_DEPENDENT_GENERATE_KWARGS`)
+sample from a different one, which :func:`prefix_dependent_settings` names for consumers (GRPO) that must refuse them.
 """
 
 from __future__ import annotations
@@ -33,13 +38,16 @@ from lit_llm.policy.sampling import _check_seeds, _row_uniforms, row_seed, sampl
 from lit_llm.policy.sampling import _splitmix64 as _splitmix64  # re-exported: tests import it from here
 
 __all__ = [
+    "PREFIX_DEPENDENT_GENERATE_KWARGS",
     "SUPPORTED_GENERATE_KWARGS",
+    "UNSUPPORTED_GENERATE_KWARGS",
     "GenerationConfig",
     "GenerationOutput",
     "cache_kwarg",
     "check_token_ids",
     "generate_tokens",
     "pad_rows",
+    "prefix_dependent_settings",
     "resolve_generation_config",
     "row_seed",
     "sample_from_probs",
@@ -51,8 +59,30 @@ __all__ = [
 #: Keys accepted in ``generate_kwargs`` after standardisation (``max_tokens`` and ``n`` are accepted as aliases).
 SUPPORTED_GENERATE_KWARGS = frozenset({
     "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-    "num_return_sequences", "eos_token_id", "pad_token_id",
+    "num_return_sequences", "eos_token_id", "pad_token_id", "stop_sequences", "skip_special_tokens",
+    "no_repeat_ngram_size", "min_new_tokens", "num_beams",
 })
+
+_BEAM_WHY = ("beam search is not supported: the generate version returns sampled (or greedy) trajectories with the "
+             "log-prob of each of their own tokens, which a beam search does not have; use num_samples / 'n' for "
+             "several responses per prompt")
+_DICT_WHY = ("the wrapper returns per-token log-probs itself (return_log_probs=True, the default, writes "
+             "log_probs.response) and its outputs are containers, not model.generate's output dict")
+#: Keys of TorchRL's / transformers' ``generate_kwargs`` that lit_llm refuses, with the reason given in the error.
+UNSUPPORTED_GENERATE_KWARGS: dict[str, str] = {
+    "length_penalty": _BEAM_WHY, "early_stopping": _BEAM_WHY, "num_beam_groups": _BEAM_WHY,
+    "diversity_penalty": _BEAM_WHY, "constraints": _BEAM_WHY, "force_words_ids": _BEAM_WHY,
+    "logprobs": _DICT_WHY, "output_scores": _DICT_WHY, "output_logits": _DICT_WHY,
+    "return_dict_in_generate": _DICT_WHY,
+    "encoder_repetition_penalty": "the wrapped models are decoder-only causal LMs (no encoder)",
+    "bad_words_ids": "not implemented by the sampling loop (lit_llm.policy.generation.generate_tokens); mask the "
+                     "ids out of the vocabulary yourself or use transformers' generate directly",
+}
+#: Settings whose processing depends on the row's previous tokens (or on how many were generated): the ids are then
+#: sampled from a distribution other than the tempered one whose log-probs are reported (and that the log-prob
+#: version scores), so an importance ratio against those log-probs is off-policy
+#: (see :func:`prefix_dependent_settings`).
+PREFIX_DEPENDENT_GENERATE_KWARGS = ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens")
 _LEGACY_NAMES = {"max_tokens": "max_new_tokens", "n": "num_return_sequences"}
 DEFAULT_MAX_NEW_TOKENS = 128
 
@@ -97,13 +127,22 @@ def validate_generate_kwargs(generate_kwargs: dict[str, Any]) -> None:
     ``max_new_tokens >= 1``; ``num_return_sequences >= 1``; an explicitly passed non-zero ``temperature`` together
     with ``do_sample=False`` is contradictory; ``do_sample=True`` with ``temperature=0`` too.
 
+    Also: ``stop_sequences`` a non-empty string or a list of them; ``skip_special_tokens`` a bool;
+    ``no_repeat_ngram_size`` and ``min_new_tokens`` non-negative integers (0 = off), ``min_new_tokens <=
+    max_new_tokens``; ``num_beams`` only 1. The keys of :data:`UNSUPPORTED_GENERATE_KWARGS` (beam-search settings,
+    ``logprobs`` / ``output_scores``-style output switches, ...) raise with the reason.
+
     Args:
         generate_kwargs: standardised settings (see :func:`standardize_generate_kwargs`).
 
     Raises:
-        ValueError: an unknown key (the message lists the supported ones) or one of the rules above; the message
-            names the key, the value and the fix.
+        ValueError: an unsupported key (named, with why), an unknown key (the message lists the supported ones) or
+            one of the rules above; the message names the key, the value and the fix.
     """
+    for key in generate_kwargs:
+        if key in UNSUPPORTED_GENERATE_KWARGS:
+            raise ValueError(f"generate_kwargs: {key!r} is not supported: {UNSUPPORTED_GENERATE_KWARGS[key]}. "
+                             f"Remove {key!r}.")
     unknown = sorted(set(generate_kwargs) - SUPPORTED_GENERATE_KWARGS)
     if unknown:
         raise ValueError(
@@ -111,6 +150,25 @@ def validate_generate_kwargs(generate_kwargs: dict[str, Any]) -> None:
             f"(aliases: 'max_tokens', 'n'). Remove them or use transformers directly."
         )
     g = generate_kwargs.get
+    beams = g("num_beams")
+    if beams is not None and (isinstance(beams, bool) or not isinstance(beams, numbers.Integral) or beams != 1):
+        raise ValueError(f"generate_kwargs: num_beams={beams!r} is not supported: {_BEAM_WHY}. Remove num_beams "
+                         f"(or pass 1).")
+    stops = g("stop_sequences")
+    if stops is not None:
+        items = [stops] if isinstance(stops, str) else stops
+        if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) and x for x in items):
+            raise ValueError(f"generate_kwargs: stop_sequences must be a non-empty string or a list of non-empty "
+                             f"strings, got {stops!r}.")
+    if g("skip_special_tokens") is not None and not isinstance(g("skip_special_tokens"), bool):
+        raise ValueError(f"generate_kwargs: skip_special_tokens must be a bool, got {g('skip_special_tokens')!r}.")
+    for key in ("no_repeat_ngram_size", "min_new_tokens"):
+        value = g(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
+            raise ValueError(f"generate_kwargs: {key} must be a non-negative integer (0 = off), got {value!r}.")
+    if g("min_new_tokens") and g("max_new_tokens") is not None and g("min_new_tokens") > g("max_new_tokens"):
+        raise ValueError(f"generate_kwargs: min_new_tokens={g('min_new_tokens')} exceeds max_new_tokens="
+                         f"{g('max_new_tokens')}; lower min_new_tokens or raise max_new_tokens.")
     for key in ("temperature", "top_p", "min_p", "repetition_penalty"):
         value = g(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value):
@@ -180,6 +238,14 @@ class GenerationConfig:
         num_return_sequences: responses per prompt requested through ``generate_kwargs`` (``n``).
         eos_token_ids: every id that stops a row (DESIGN.md property 5).
         pad_token_id: id written after a row stopped, in padded outputs only.
+        stop_sequences: strings that end a row at the token whose decoded text completes one (that token is the
+            response's last); ``()`` = none.
+        skip_special_tokens: decode the response text (``text.response``, the reply's History content) without
+            special tokens. The ids are unaffected.
+        no_repeat_ngram_size: forbid any n-gram of this size from occurring twice in a row's real tokens (prompt and
+            response; transformers' ``NoRepeatNGramLogitsProcessor``); ``None`` = off.
+        min_new_tokens: no row stops (eos id or stop string) before it has this many tokens; eos ids are masked out
+            of the scores until then. ``0`` = off.
     """
 
     max_new_tokens: int
@@ -192,6 +258,10 @@ class GenerationConfig:
     num_return_sequences: int
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
+    stop_sequences: tuple[str, ...] = ()
+    skip_special_tokens: bool = False
+    no_repeat_ngram_size: int | None = None
+    min_new_tokens: int = 0
 
 
 def resolve_generation_config(generate_kwargs: dict[str, Any] | None, model: Any,
@@ -236,6 +306,11 @@ def resolve_generation_config(generate_kwargs: dict[str, Any] | None, model: Any
         do_sample = temperature is not None and temperature > 0
     max_new = kw.get("max_new_tokens") or getattr(gen_cfg, "max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS
     penalty = kw.get("repetition_penalty")
+    min_new = int(kw.get("min_new_tokens") or 0)
+    if min_new > int(max_new):
+        raise ValueError(f"generate_kwargs: min_new_tokens={min_new} exceeds max_new_tokens={int(max_new)} (from the "
+                         f"model's generation config or the default); lower min_new_tokens or pass max_new_tokens.")
+    stops = kw.get("stop_sequences") or ()
     return GenerationConfig(
         max_new_tokens=int(max_new),
         do_sample=bool(do_sample),
@@ -247,7 +322,33 @@ def resolve_generation_config(generate_kwargs: dict[str, Any] | None, model: Any
         num_return_sequences=int(kw.get("num_return_sequences") or 1),
         eos_token_ids=eos,
         pad_token_id=int(pad if pad is not None else eos[0]),
+        stop_sequences=(stops,) if isinstance(stops, str) else tuple(stops),
+        skip_special_tokens=bool(kw.get("skip_special_tokens", False)),
+        no_repeat_ngram_size=kw.get("no_repeat_ngram_size") or None,
+        min_new_tokens=min_new,
     )
+
+
+def prefix_dependent_settings(config: GenerationConfig) -> list[str]:
+    """The active settings of ``config`` that make the sampled ids depart from the reported log-probs.
+
+    The generate version reports (and the log-prob version scores) ``log_softmax(z / T)`` of the raw logits ``z``.
+    ``repetition_penalty`` and ``no_repeat_ngram_size`` change the scores as a function of the row's earlier tokens,
+    and ``min_new_tokens`` as a function of how many were generated, so tokens are sampled from another
+    distribution than the one whose log-probs are reported: an importance ratio (GRPO/PPO) against those log-probs
+    is off-policy by an unknown amount. A consumer that needs on-policy log-probs should refuse these settings unless
+    it recomputes the old log-probs under the same processing.
+
+    Args:
+        config: resolved settings.
+
+    Returns:
+        The names (in :data:`PREFIX_DEPENDENT_GENERATE_KWARGS`) whose setting is active, in that order.
+    """
+    active = {"repetition_penalty": config.repetition_penalty is not None,
+              "no_repeat_ngram_size": config.no_repeat_ngram_size is not None,
+              "min_new_tokens": config.min_new_tokens > 0}
+    return [k for k in PREFIX_DEPENDENT_GENERATE_KWARGS if active[k]]
 
 
 @dataclass
@@ -259,7 +360,7 @@ class GenerationOutput:
             the row was truncated.
         response_log_probs: ``B`` 1-D ``torch.float32`` tensors ``[R_b]``: ``log_softmax(logits / T)`` of each
             sampled id (``T`` = :attr:`GenerationConfig.temperature`).
-        truncated: ``[B]`` bool: the row reached ``max_new_tokens`` without a stop token.
+        truncated: ``[B]`` bool: the row reached ``max_new_tokens`` without stopping (no eos id, no stop string).
     """
 
     response_ids: list[Tensor]
@@ -274,22 +375,61 @@ def cache_kwarg(module: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _processors(config: GenerationConfig) -> list:
+def _processors(config: GenerationConfig) -> tuple[list, list]:
+    """``(row_processors, warpers)``: transformers' processors in ``model.generate``'s order. The first list depends
+    on a row's earlier tokens and runs on each row's unpadded ids (padding must not count as tokens); the warpers
+    are row-independent and run on the batch."""
     from transformers.generation import logits_process as lp
 
-    procs: list = []
+    rows: list = []
     if config.repetition_penalty is not None:
-        procs.append(lp.RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
+        rows.append(lp.RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
+    if config.no_repeat_ngram_size is not None:
+        rows.append(lp.NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size))
+    warpers: list = []
     if config.do_sample:
         if config.temperature != 1.0:
-            procs.append(lp.TemperatureLogitsWarper(config.temperature))
+            warpers.append(lp.TemperatureLogitsWarper(config.temperature))
         if config.top_k is not None:
-            procs.append(lp.TopKLogitsWarper(config.top_k))
+            warpers.append(lp.TopKLogitsWarper(config.top_k))
         if config.top_p is not None:
-            procs.append(lp.TopPLogitsWarper(config.top_p))
+            warpers.append(lp.TopPLogitsWarper(config.top_p))
         if config.min_p is not None:
-            procs.append(lp.MinPLogitsWarper(config.min_p))
-    return procs
+            warpers.append(lp.MinPLogitsWarper(config.min_p))
+    return rows, warpers
+
+
+class _StopStrings:
+    """Per-row detection of ``stop_sequences`` in the decoded response (special tokens kept).
+
+    A stop string is matched when the text decoded from the row's last ``window`` response ids contains it and the
+    same window without the newest id does not: the newest token completed it. ``window`` covers the longest stop
+    string even at one byte per token (4 bytes per character at most), so no occurrence is missed.
+    """
+
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...], batch: int):
+        if tokenizer is None:
+            raise ValueError("generate_tokens: generate_kwargs stop_sequences need the tokenizer to decode the "
+                             "response; pass tokenizer=... (the wrapper passes its own).")
+        self.tokenizer, self.stops = tokenizer, stops
+        self.window = 4 * max(len(s) for s in stops) + 1
+        self.ids: list[list[int]] = [[] for _ in range(batch)]
+
+    def hit(self, nxt: list[int], active: list[bool]) -> list[bool]:
+        out = []
+        for b, (tok, on) in enumerate(zip(nxt, active)):
+            self.ids[b].append(tok)
+            if not on:
+                out.append(False)
+                continue
+            tail = self.ids[b][-self.window:]
+            cur = self.tokenizer.decode(tail, skip_special_tokens=False)
+            if not any(s in cur for s in self.stops):
+                out.append(False)
+                continue
+            prev = self.tokenizer.decode(tail[:-1], skip_special_tokens=False)
+            out.append(any(s in cur and s not in prev for s in self.stops))
+        return out
 
 
 def pad_rows(rows: Sequence[Tensor], pad_value: int | float | bool, *, side: str = "left") -> Tensor:
@@ -384,7 +524,7 @@ def unique_rows(ids: Tensor, lengths: list[int]) -> tuple[Tensor, Tensor | None]
 @torch.no_grad()
 def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationConfig, *,
                     device: torch.device | None = None, max_context: int | None = None,
-                    seeds: Sequence[int] | Tensor | None = None) -> GenerationOutput:
+                    seeds: Sequence[int] | Tensor | None = None, tokenizer: Any = None) -> GenerationOutput:
     """Decode every prompt with a KV cache; stop each row at its first eos id; keep ids and their log-probs.
 
     Prompts are left-padded into ``[B, P]`` with an attention mask built from their lengths (never from
@@ -395,8 +535,16 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
     ``z`` (fp32) give the reported log-prob ``log_softmax(z / T)[x]`` of the chosen id ``x`` -- the temperature-scaled
     full distribution, **not** renormalised after top-k/top-p/min-p or the repetition penalty -- and the processed
     scores give ``x`` (a sample, or the argmax when greedy). A row is done once it emits any id of
-    ``config.eos_token_ids`` (kept as the response's last token); the loop stops when every row is done or after
-    ``config.max_new_tokens`` steps. The model's train/eval mode is left unchanged; no gradients are recorded.
+    ``config.eos_token_ids`` (kept as the response's last token), or the token whose decoded text completes one of
+    ``config.stop_sequences`` (kept likewise; matched on the response text with special tokens, see
+    :class:`_StopStrings`); before ``config.min_new_tokens`` tokens neither stops a row (eos ids are masked out of
+    the scores). The loop stops when every row is done or after ``config.max_new_tokens`` steps. The model's
+    train/eval mode is left unchanged; no gradients are recorded.
+
+    Processing, in ``model.generate``'s order: repetition penalty and no-repeat-n-gram on each row's **unpadded** ids
+    (prompt and response so far; padding never counts), the eos mask of ``min_new_tokens``, then temperature,
+    top-k, top-p, min-p. The reported log-probs are of the tempered raw logits, whatever the processing; see
+    :func:`prefix_dependent_settings` for the settings under which the sampled ids then depart from them.
 
     Sampling: without ``seeds``, ``torch.multinomial`` on the global RNG of ``device`` (one draw for the whole batch
     per step, so a row's sample depends on the batch). With ``seeds``, row ``i`` draws ``config.max_new_tokens``
@@ -414,6 +562,7 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
         seeds: ``B`` integer seeds (a sequence of ints in ``[-2**63, 2**64)``, taken modulo ``2**64``, or a 1-D
             integer tensor), one per prompt row; ``None`` = global RNG. Ignored when greedy (still validated). Equal
             seeds on equal prompts give equal samples: derive distinct seeds per sample with :func:`row_seed`.
+        tokenizer: decodes responses for ``config.stop_sequences`` (required then, unused otherwise).
 
     Returns:
         :class:`GenerationOutput` with per-row ids, log-probs and truncation flags, on ``device``.
@@ -421,7 +570,7 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
     Raises:
         ValueError: see :func:`check_token_ids` (empty prompt, id outside the vocabulary, prompt plus
             ``max_new_tokens`` longer than the context); ``seeds`` of the wrong length, shape or type, or with an
-            entry that is not an integer (the message names ``seeds``).
+            entry that is not an integer (the message names ``seeds``); ``stop_sequences`` without a tokenizer.
     """
     if device is None:
         device = next(model.parameters()).device
@@ -433,7 +582,8 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
     attn = pad_rows([torch.ones(n, dtype=torch.long, device=device) for n in lengths], 0)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=device)
-    procs = _processors(config)
+    row_procs, warpers = _processors(config)
+    stop_strings = _StopStrings(tokenizer, config.stop_sequences, batch) if config.stop_sequences else None
     cache_kw = cache_kwarg(model)
     extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
@@ -456,12 +606,25 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
         uniforms = _row_uniforms(seed_list, config.max_new_tokens, torch.device(device))
     seq = ids
     done = torch.zeros(batch, dtype=torch.bool, device=device)
+    ended = torch.zeros(batch, dtype=torch.bool, device=device)  # stopped by an eos id or a stop string
+    end_len = torch.full((batch,), config.max_new_tokens, dtype=torch.long, device=device)
     steps_ids: list[Tensor] = []
     steps_lp: list[Tensor] = []
     for step in range(config.max_new_tokens):
         logits = out.logits[:, -1, :].float()
         scores = logits
-        for proc in procs:
+        if row_procs:
+            width = seq.shape[1]
+            rows = []
+            for b in range(batch):
+                row_ids, row_scores = seq[b:b + 1, width - lengths[b] - step:], scores[b:b + 1]
+                for proc in row_procs:
+                    row_scores = proc(row_ids, row_scores)
+                rows.append(row_scores)
+            scores = torch.cat(rows)
+        if step < config.min_new_tokens:
+            scores = scores.index_fill(1, eos, float("-inf"))
+        for proc in warpers:
             scores = proc(seq, scores)
         if uniforms is not None:
             nxt = sample_from_probs(torch.softmax(scores, dim=-1), uniforms[step])
@@ -473,7 +636,14 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
         lp = torch.log_softmax(logits / config.temperature, dim=-1).gather(1, nxt[:, None]).squeeze(1)
         steps_ids.append(nxt)
         steps_lp.append(lp.masked_fill(done, 0.0))
-        done = done | torch.isin(nxt, eos)
+        stop = torch.isin(nxt, eos) & ~done
+        if stop_strings is not None:
+            can_stop = step + 1 >= config.min_new_tokens
+            hits = stop_strings.hit(nxt.tolist(), [can_stop and not d for d in done.tolist()])
+            stop = stop | torch.tensor(hits, dtype=torch.bool, device=device)
+        end_len = torch.where(stop, torch.full_like(end_len, step + 1), end_len)
+        ended = ended | stop
+        done = done | stop
         if bool(done.all()) or step == config.max_new_tokens - 1:
             break
         seq = torch.cat([seq, nxt[:, None]], dim=1)
@@ -483,10 +653,7 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
         cache = out.get("cache", None) or out.get("past_key_values", None)
     all_ids = torch.stack(steps_ids, dim=1)  # [B, S]
     all_lp = torch.stack(steps_lp, dim=1)
-    is_eos = torch.isin(all_ids, eos)
-    has_eos = is_eos.any(dim=1)
-    first_eos = torch.where(has_eos, is_eos.long().argmax(dim=1), torch.full_like(has_eos, -1, dtype=torch.long))
-    resp_len = torch.where(has_eos, first_eos + 1, torch.full_like(first_eos, all_ids.shape[1]))
-    response_ids = [all_ids[b, : int(resp_len[b])] for b in range(batch)]
-    response_lp = [all_lp[b, : int(resp_len[b])] for b in range(batch)]
-    return GenerationOutput(response_ids=response_ids, response_log_probs=response_lp, truncated=~has_eos)
+    resp_len = end_len.clamp(max=all_ids.shape[1]).tolist()
+    response_ids = [all_ids[b, :resp_len[b]] for b in range(batch)]
+    response_lp = [all_lp[b, :resp_len[b]] for b in range(batch)]
+    return GenerationOutput(response_ids=response_ids, response_log_probs=response_lp, truncated=~ended)

@@ -76,7 +76,8 @@ class LogProbInputsMixin:
         hist = td.get(key, None)
         if hist is None:
             raise self._missing(td, key, "full History [B, n_messages], or tokens.full")
-        return [self._render_ids(h, add_generation_prompt=False) for h in hist.unbind(0)]
+        return [self._render_ids(h, add_generation_prompt=False)
+                for h in history_rows(hist, key, type(self).__name__)]
 
     def _render_ids(self, history: Any, *, add_generation_prompt: bool) -> tuple[Tensor, Tensor]:
         """One conversation's ids ``[T]`` (long) and assistant mask ``[T]`` (bool; all False without assistant)."""
@@ -161,7 +162,8 @@ class LogProbInputsMixin:
         if lens is not None or not has_history:
             return lens
         lens = []
-        for b, (h, f) in enumerate(zip(td.get(self.input_key).unbind(0), full_rows)):
+        rows = history_rows(td.get(self.input_key), self.input_key, type(self).__name__)
+        for b, (h, f) in enumerate(zip(rows, full_rows)):
             roles = list(h.role)
             last = max(i for i, r in enumerate(roles) if r != "<none>")
             if roles[last] != "assistant":
@@ -290,3 +292,20 @@ def check_id_dtype(rows: list[Tensor], key: NestedKey, owner: str = "policy") ->
         if isinstance(r, Tensor) and (r.dtype.is_floating_point or r.dtype.is_complex or r.dtype == torch.bool):
             raise ValueError(f"{owner}: token ids at {key!r} (row {b}) have dtype {r.dtype}; token ids must be an "
                              f"integer tensor (torch.long). Pass the tokenizer's integer ids, not a cast copy.")
+
+
+def history_rows(hist: Any, key: NestedKey, owner: str = "policy") -> list:
+    """The rows of a ``[B, n_messages]`` History input as ``[n_messages]`` Histories; a ``[B]`` History (one message
+    per row, e.g. ``history[:, 0]``) gives one-message rows (TorchRL's ``ChatHistory`` unsqueezes it alike).
+
+    Raises:
+        TypeError: the entry is not a History (TorchRL's error type); names the key and the fix.
+    """
+    if not callable(getattr(hist, "apply_chat_template", None)) or not hasattr(hist, "unbind"):
+        raise TypeError(f"{owner}: the input at {key!r} must be a History (lit_llm.data.history.History, batch "
+                        f"[B, n_messages]), got {type(hist).__name__}. Build it with History.from_chats(...) and "
+                        f"wrap it in ChatHistory(prompt=...).")
+    if hist.batch_dims == 0:
+        raise TypeError(f"{owner}: the input at {key!r} is a single message (batch_size=[]); the input needs a batch "
+                        f"dimension (batch_size=[B]).")
+    return [lazy_stack([h]) if h.batch_dims == 0 else h for h in hist.unbind(0)]

@@ -29,7 +29,7 @@ from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens
 from lit_llm.policy.common import LLMWrapperBase
 from lit_llm.policy.dists import DistLayout
 from lit_llm.policy.generation import generate_tokens, pad_rows, resolve_generation_config, standardize_generate_kwargs
-from lit_llm.policy.inputs import LogProbInputsMixin, check_id_dtype
+from lit_llm.policy.inputs import LogProbInputsMixin, check_id_dtype, history_rows
 from lit_llm.policy.logprobs import completion_hidden_states, lm_head, model_token_log_probs, token_hidden_states
 from lit_llm.policy.rows import _key, read_rows, read_strings
 from lit_llm.policy.sampling import row_seed
@@ -52,9 +52,16 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             ``(<mode key>, "full")`` otherwise.
         generate: generate version (``True``) or log-prob version (``False``).
         generate_kwargs: ``max_new_tokens`` (alias ``max_tokens``), ``do_sample``, ``temperature``, ``top_k``,
-            ``top_p``, ``min_p``, ``repetition_penalty``, ``num_return_sequences`` (alias ``n``), ``eos_token_id``,
-            ``pad_token_id``; see :func:`~lit_llm.policy.generation.resolve_generation_config` for defaults and
-            :func:`~lit_llm.policy.generation.validate_generate_kwargs` for the errors.
+            ``top_p``, ``min_p``, ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``,
+            ``stop_sequences`` (a stop string ends the response at the token that completes it; that token is in
+            the response and the masks, like an eos token), ``skip_special_tokens`` (response text and History
+            content only; ids untouched), ``num_return_sequences`` (alias ``n``), ``num_beams`` (1 only),
+            ``eos_token_id``, ``pad_token_id``; see :class:`~lit_llm.policy.generation.GenerationConfig` for their
+            meaning, :func:`~lit_llm.policy.generation.resolve_generation_config` for defaults and
+            :func:`~lit_llm.policy.generation.validate_generate_kwargs` for the errors (beam search, ``logprobs``
+            and the other keys of :data:`~lit_llm.policy.generation.UNSUPPORTED_GENERATE_KWARGS` raise with the
+            reason). Reported log-probs stay those of the tempered raw distribution whatever the processing (see
+            :func:`~lit_llm.policy.generation.prefix_dependent_settings`).
         tokenizer_kwargs: extra ``tokenizer(...)`` kwargs in text mode (default ``add_special_tokens=False``).
         pad_output: ``[B, T]`` padded outputs (prompt left-, response right-, full left-padded) instead of ragged
             lazy stacks. Both hold the same numbers.
@@ -63,9 +70,16 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         device: where inputs are moved (default: the model's device).
         num_samples: responses per prompt; output batch shape ``[B, num_samples]`` (default ``None``: ``[B]``).
             Also set by ``generate_kwargs["n"]``.
-        chat_template: Jinja string or ``.jinja`` path for history mode (default: the tokenizer's).
+        chat_template: Jinja string, ``.jinja`` path or template name for history mode (default: the tokenizer's).
+        chat_template_name: TorchRL's name for the template (``"chatml_format"``, ``"qwen"``, ``"llama3"``, ...;
+            :data:`lit_llm.data.chat_template.CHAT_TEMPLATE_FILES`, read from the shared template folder);
+            exclusive with ``chat_template``.
         return_log_probs: generate version: write ``log_probs.response`` and ``log_probs.full`` (zeros over the
             prompt). Default ``True``. Must not be ``False`` for the log-prob version.
+        return_text, return_tokens, return_masks, return_history: write the ``text`` / ``tokens`` / ``masks`` /
+            ``history`` containers (TorchRL's flags; defaults ``None`` = TorchRL's rule: text in history and text
+            modes, history in history mode, tokens and masks always, in both versions). ``return_history=True``
+            outside history mode and ``return_text=True`` in tokens mode raise.
         history_key, text_key, tokens_key, masks_key, log_probs_key: output container keys.
         batching, min_batch_size, max_batch_size, batching_timeout: the threaded batcher
             (:class:`~lit_llm.policy.batching.BatchingMixin`).
@@ -114,6 +128,11 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         num_samples: int | None = None,
         chat_template: str | None = None,
         return_log_probs: bool | None = None,
+        return_text: bool | None = None,
+        return_tokens: bool | None = None,
+        return_masks: bool | None = None,
+        return_history: bool | None = None,
+        chat_template_name: str | None = None,
         history_key: NestedKey = "history",
         text_key: NestedKey = "text",
         tokens_key: NestedKey = "tokens",
@@ -151,7 +170,12 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         if not isinstance(share_prompts, bool):
             raise ValueError(f"share_prompts must be a bool, got {share_prompts!r}.")
         self.share_prompts = share_prompts
-        self.chat_template = chat_template
+        if chat_template is not None and chat_template_name is not None:
+            raise ValueError(f"pass chat_template or chat_template_name, not both (got chat_template_name="
+                             f"{chat_template_name!r}).")
+        self.chat_template_name = chat_template_name
+        # a name is resolved where templates are (History.apply_chat_template), with TorchRL's aliases
+        self.chat_template = chat_template if chat_template_name is None else chat_template_name
         self.tokenizer_kwargs = {"add_special_tokens": False, **(tokenizer_kwargs or {})}
         self._device = torch.device(device) if device is not None else None
         self._init_common(
@@ -159,13 +183,15 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             pad_output=pad_output, inplace=inplace, num_samples=num_samples, return_log_probs=return_log_probs,
             history_key=history_key, text_key=text_key, tokens_key=tokens_key, masks_key=masks_key,
             log_probs_key=log_probs_key, batching=batching, min_batch_size=min_batch_size,
-            max_batch_size=max_batch_size, batching_timeout=batching_timeout,
+            max_batch_size=max_batch_size, batching_timeout=batching_timeout, return_text=return_text,
+            return_tokens=return_tokens, return_masks=return_masks, return_history=return_history,
         )
 
     def _settings(self) -> dict[str, Any]:
         return {**super()._settings(), "generate_kwargs": dict(self.generate_kwargs),
                 "tokenizer_kwargs": dict(self.tokenizer_kwargs), "device": self._device,
-                "chat_template": self.chat_template, "temperature": self._user_temperature,
+                "chat_template": None if self.chat_template_name else self.chat_template,
+                "chat_template_name": self.chat_template_name, "temperature": self._user_temperature,
                 "num_samples": self._user_num_samples, "chunk_size": self.chunk_size,
                 "share_prompts": self.share_prompts}
 
@@ -194,7 +220,7 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             hist = td.get(key, None)
             if hist is None:
                 raise self._missing(td, key, "prompt History [B, n_messages]")
-            rows = list(hist.unbind(0))
+            rows = history_rows(hist, key, type(self).__name__)
             texts = [h.apply_chat_template(self.tokenizer, chat_template=self.chat_template, tokenize=False,
                                            add_generation_prompt=True) for h in rows]
             ids, masks = zip(*(self._render_ids(h, add_generation_prompt=True) for h in rows))
@@ -242,7 +268,8 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         return torch.as_tensor(self.tokenizer(text, **self.tokenizer_kwargs)["input_ids"], dtype=torch.long)
 
     def _decode(self, ids: Tensor) -> str:
-        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+        """Response text; special tokens kept unless ``generate_kwargs["skip_special_tokens"]``."""
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=self.generation_config.skip_special_tokens)
 
     def _sampling_seeds(self, td: TensorDictBase, n: int) -> list[int] | None:
         """``B * n`` seeds ``row_seed(sampling_seed[b], k)`` (b-major) from the input's ``"sampling_seed"``, or
@@ -275,7 +302,7 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
         dev = self.device
         gen = generate_tokens(self.model, [p.to(dev) for p in prompts], self.generation_config, device=dev,
-                              seeds=seeds)
+                              seeds=seeds, tokenizer=self.tokenizer)
         prompts = [p.to(dev) for p in prompts]
         resp, resp_lp = gen.response_ids, gen.response_log_probs
         full = [torch.cat([p, r]) for p, r in zip(prompts, resp)]
@@ -315,8 +342,10 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         from lit_llm.data.history import History
 
         responses, fulls = [], []
+        eos = set(self.generation_config.eos_token_ids)
         for h, r, cut in zip(prompts, resp, truncated):
-            content = self._decode(r if cut else r[:-1])  # the stop token's text is not content; its id stays
+            # an eos token's text is not content (its id stays); a stop string's token is (it completes the text)
+            content = self._decode(r[:-1] if not cut and int(r[-1]) in eos else r)
             msg = History.from_chats([{"role": "assistant", "content": content, "is_complete": not cut}])
             responses.append(msg)
             fulls.append(h.extend(msg, inplace=False))
@@ -325,6 +354,8 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
     # ---------------------------------------------------------------------------------------------- log-probs
     def _log_probs(self, td: TensorDictBase) -> tuple[dict, None]:
         full, asst, prompt_lens = self._full_inputs(td)
+        if prompt_lens is None and asst is not None and self.input_mode == "history":
+            prompt_lens = _last_assistant_starts(asst)
         ids, attn = self._padded_full(full)
         lp = model_token_log_probs(self.model, ids, attn, temperature=self.temperature, chunk_size=self.chunk_size)
         lp_rows = [row[m] for row, m in zip(lp.unbind(0), attn.unbind(0))]
@@ -347,6 +378,20 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             self.log_probs_key: self._container(
                 LogProbs, lps, pads={"prompt": (0.0, "left"), "response": (0.0, "right"), "full": (0.0, "left")}),
         }
+        if self.return_text:
+            dec = self.tokenizer.decode
+            text = {"full": [dec(f.tolist(), skip_special_tokens=False) for f in full], "prompt": None,
+                    "response": None}
+            if tok["prompt"] is not None:
+                text["prompt"] = [dec(p.tolist(), skip_special_tokens=False) for p in tok["prompt"]]
+                text["response"] = [f[len(p):] if f.startswith(p) else dec(r.tolist(), skip_special_tokens=False)
+                                    for f, p, r in zip(text["full"], text["prompt"], tok["response"])]
+            res[self.text_key] = self._container(Text, text)
+        if self.return_history:
+            hist = td.get(self.input_key, None)
+            if hist is not None:
+                res[self.history_key] = self._container(
+                    ChatHistory, _split_histories(history_rows(hist, self.input_key, type(self).__name__)))
         return res, None
 
     # ---------------------------------------------------------------------------------------------- distributions
@@ -380,6 +425,36 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
                           [a.to(self.device) for a in asst], False, side="left"))
         return TensorDict({"logits": aligned, self.tokens_key: Tokens(full=ids, padded=True, batch_size=batch),
                            self.masks_key: masks}, batch_size=batch)
+
+
+def _last_assistant_starts(asst: list[Tensor]) -> list[int] | None:
+    """Per row, where the last run of the assistant mask starts (the response of a scored conversation, as TorchRL
+    splits it); ``None`` when a row has no assistant token (no split is known)."""
+    out = []
+    for m in asst:
+        m = m.bool()
+        if not bool(m.any()):
+            return None
+        last = int(m.nonzero()[-1])
+        before = (~m[:last + 1]).nonzero()
+        out.append(int(before[-1]) + 1 if before.numel() else 0)
+    return out
+
+
+def _split_histories(rows: list) -> dict[str, list]:
+    """``history.full`` rows with ``prompt`` / ``response`` split at the last assistant message (all rows must have
+    one, else only ``full``)."""
+    out: dict[str, list | None] = {"full": rows, "prompt": None, "response": None}
+    lasts = []
+    for h in rows:
+        roles = [r for r in h.role if r != "<none>"]
+        last = max((i for i, r in enumerate(roles) if r == "assistant"), default=None)
+        if not last:  # no assistant message, or nothing before it
+            return out
+        lasts.append((last, len(roles)))
+    out["prompt"] = [h[:last] for h, (last, _) in zip(rows, lasts)]
+    out["response"] = [h[last:n] for h, (last, n) in zip(rows, lasts)]
+    return out
 
 
 def _resolve_model(model: Any, tokenizer: Any) -> tuple[Any, Any]:

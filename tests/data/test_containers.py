@@ -91,9 +91,9 @@ def test_text_to_tokens_bpe_merge_across_boundary(tokenizer):
         Text(prompt=prompt, response="4<|im_end|>\n").to_tokens(tokenizer)
 
 
-def test_text_missing_prompt_raises(tokenizer):
-    with pytest.raises(ValueError, match=r"Text.to_tokens: the 'prompt' field is None"):
-        Text(full="x").to_tokens(tokenizer)
+def test_text_missing_prompt_and_full_raises(tokenizer):
+    with pytest.raises(ValueError, match=r"Text.to_tokens: the 'prompt' field is None \(and no 'full'\)"):
+        Text(response="x").to_tokens(tokenizer)
 
 
 def test_text_to_tokens_batch_matches_single(tokenizer):
@@ -226,8 +226,8 @@ def test_chat_history_inline_template_and_missing_prompt(tokenizer):
     pattern = r"'<inline template>'.*token position 10 \(prompt id 198 vs full id 216\)"
     with pytest.raises(PrefixMismatchError, match=pattern):
         ch.to_tokens(tokenizer, chat_template=tpl)
-    with pytest.raises(ValueError, match=r"ChatHistory.to_tokens: the 'prompt' field is None"):
-        ChatHistory(full=history(CONV2)).to_tokens(tokenizer)
+    with pytest.raises(ValueError, match=r"ChatHistory.to_tokens: the 'prompt' and 'full' fields are None"):
+        ChatHistory(response=history(CONV2)).to_tokens(tokenizer)
 
 
 def test_text_and_tokens_to_history(tokenizer):
@@ -254,3 +254,133 @@ def test_text_to_history_batch(tokenizer):
     assert _chat(out[1].prompt) == [("system", SMOL_SYS), ("user", "3+5?")]
     assert _chat(out[1].response) == [("assistant", "8")]
     assert _chat(out[0].response) == [("assistant", "4")]
+
+
+# ------------------------------------------------------------------------- TorchRL parity (issue 12, items 4-6)
+def test_torchrl_signatures_text_and_tokens(tokenizer):
+    text = Text(prompt=PROMPT_TEXT, response=RESPONSE_TEXT)
+    for ch in (text.to_history(tokenizer), text.to_history(tokenizer, chat_template_name="chatml_format"),
+               Tokens(prompt=ids(PROMPT_IDS), response=ids(RESPONSE_IDS)).to_history(tokenizer, None,
+                                                                                     skip_special_tokens=False)):
+        assert _chat(ch.prompt) == [("system", "Be brief."), ("user", "2+2?")]
+        assert _chat(ch.response) == [("assistant", "4")]
+    skipped = Tokens(prompt=ids(PROMPT_IDS), response=ids(RESPONSE_IDS)).to_text(tokenizer, skip_special_tokens=True)
+    assert skipped.response == "4\n" and skipped.prompt == "system\nBe brief.\nuser\n2+2?\nassistant\n"
+    with pytest.raises(ValueError, match="return_tensors='np' is not supported"):
+        text.to_tokens(tokenizer, return_tensors="np")
+    with pytest.raises(ValueError, match="chat_template_name is None and the tokenizer's chat template"):
+        text.to_history(object())
+
+
+def test_text_to_tokens_padding_and_truncation(tokenizer):
+    batch = lazy_stack([Text(prompt=PROMPT_TEXT, response=RESPONSE_TEXT), Text(prompt="Hi", response=" there")])
+    pad = tokenizer.pad_token_id
+    out = batch.to_tokens(tokenizer, padding=True)
+    ab, abc = tokenizer("Hi")["input_ids"], tokenizer("Hi there")["input_ids"]
+    assert out.padded is True and out.batch_size == torch.Size([2])
+    width = len(PROMPT_IDS)
+    assert out.prompt.tolist() == [PROMPT_IDS, [pad] * (width - len(ab)) + ab]
+    resp2 = abc[len(ab):]
+    assert out.response.tolist() == [RESPONSE_IDS, resp2 + [pad] * (len(RESPONSE_IDS) - len(resp2))]
+    full_w = len(PROMPT_IDS) + len(RESPONSE_IDS)
+    assert out.full.tolist() == [PROMPT_IDS + RESPONSE_IDS, [pad] * (full_w - len(abc)) + abc]
+    cut = Text(prompt=PROMPT_TEXT, response=RESPONSE_TEXT).to_tokens(tokenizer, truncation=True, max_length=22)
+    assert cut.prompt.tolist() == PROMPT_IDS and cut.full.tolist() == (PROMPT_IDS + RESPONSE_IDS)[:22]
+    assert cut.response.tolist() == RESPONSE_IDS[:1]
+
+
+def test_chat_template_name_honoured_and_aliased(tokenizer, templates_dir):
+    ch = ChatHistory(prompt=history(CONV[:2]), response=history(CONV[2:]))
+    chatml = (templates_dir / "chatml.jinja").read_text()
+    expected = ch.to_tokens(tokenizer, chatml)
+    default = ch.to_tokens(tokenizer)
+    for name in ("chatml", "chatml_format", "ChatML_Format"):
+        got = ch.to_tokens(tokenizer, chat_template_name=name)
+        assert got.full.tolist() == expected.full.tolist() and got.prompt.tolist() == expected.prompt.tolist()
+    assert ch.to_text(tokenizer, chat_template_name="chatml_format").full == ch.to_text(tokenizer, chatml).full
+    qwen = ch.to_text(tokenizer, chat_template_name="qwen")
+    assert qwen.full == ch.to_text(tokenizer, str(templates_dir / "stock-qwen2_5.jinja")).full
+    assert qwen.full.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    llama = ch.to_text(tokenizer, chat_template_name="llama3").full
+    assert "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>" in llama
+    assert default.full.tolist() == PROMPT_IDS + RESPONSE_IDS
+    with pytest.raises(ValueError, match="pass chat_template or chat_template_name, not both"):
+        ch.to_tokens(tokenizer, chatml, chat_template_name="chatml")
+
+
+def test_named_template_without_the_folder_names_the_variable(tokenizer, monkeypatch, tmp_path):
+    from lit_llm.data.errors import ChatTemplateError
+
+    monkeypatch.setenv("LIT_LLM_CHAT_TEMPLATES", str(tmp_path))
+    ch = ChatHistory(prompt=history(CONV[:2]))
+    with pytest.raises(ChatTemplateError, match=r"'chatml_format' refers to 'chatml.jinja', not found in .*"
+                                                r"LIT_LLM_CHAT_TEMPLATES"):
+        ch.to_tokens(tokenizer, chat_template_name="chatml_format")
+
+
+def test_chat_history_same_rank_warns_and_unsqueezes():
+    from lit_llm.data.history import History
+
+    h = History.from_chats([[{"role": "user", "content": "a"}], [{"role": "user", "content": "bb"}]])  # [2, 1]
+    with pytest.warns(UserWarning, match=r"ChatHistory.prompt: the History should have one more batch dimension.*"
+                                         r"got 1 and 1"):
+        ch = ChatHistory(prompt=h[:, 0], batch_size=[2])
+    assert ch.prompt.batch_size == torch.Size([2, 1]) and list(ch.prompt[1].content) == ["bb"]
+    with pytest.warns(UserWarning, match="got 0 and 0"):
+        one = ChatHistory(prompt=h[0, 0])
+    assert one.prompt.batch_size == torch.Size([1])
+    import warnings as _w
+    with _w.catch_warnings():
+        _w.simplefilter("error")
+        ChatHistory(prompt=h, batch_size=[2])  # the right rank: no warning
+
+
+def test_non_history_fields_raise_type_error(tokenizer):
+    with pytest.raises(TypeError, match=r"ChatHistory: 'prompt' must be a History .*got (list|LinkedList)"):
+        ChatHistory(prompt=[{"role": "user", "content": "a"}])
+
+
+def test_full_only_conversions_split_at_the_last_assistant_turn(tokenizer):
+    conv = [*CONV, {"role": "user", "content": "and 3+3?"}, {"role": "assistant", "content": "6"}]
+    whole = ChatHistory(full=history(conv)).to_tokens(tokenizer)
+    split = ChatHistory(prompt=history(conv[:4]), response=history(conv[4:])).to_tokens(tokenizer)
+    for key in ("prompt", "response", "full"):
+        assert getattr(whole, key).tolist() == getattr(split, key).tolist()
+    assert tokenizer.decode(whole.response.tolist()) == "6<|im_end|>\n"
+    text = ChatHistory(full=history(conv)).to_text(tokenizer)
+    assert text.response == "6<|im_end|>\n" and text.full == text.prompt + text.response
+    no_reply = ChatHistory(full=history(CONV[:2])).to_tokens(tokenizer)
+    assert no_reply.prompt is None and no_reply.response is None
+    assert no_reply.full.tolist() == PROMPT_IDS[:-4]  # no generation prompt: ends after "2+2?<|im_end|>\n"
+    # Text / Tokens holding only full
+    full_text = Text(full=FULL_TEXT)
+    assert full_text.to_tokens(tokenizer).full.tolist() == PROMPT_IDS + RESPONSE_IDS
+    assert full_text.to_tokens(tokenizer).prompt is None
+    ch = full_text.to_history(tokenizer)
+    assert _chat(ch.prompt) == [("system", "Be brief."), ("user", "2+2?")]
+    assert _chat(ch.response) == [("assistant", "4")]
+    assert _chat(ch.full) == [("system", "Be brief."), ("user", "2+2?"), ("assistant", "4")]
+    tok = Tokens(full=ids(PROMPT_IDS + RESPONSE_IDS), padded=False)
+    assert tok.to_text(tokenizer).full == FULL_TEXT and tok.to_text(tokenizer).prompt is None
+    assert _chat(tok.to_history(tokenizer).response) == [("assistant", "4")]
+
+
+def test_unbatched_containers_holding_a_batch_of_one(tokenizer):
+    from lit_llm.data.history import History
+
+    single = ChatHistory(prompt=history(CONV[:2]), response=history(CONV[2:])).to_tokens(tokenizer)
+    one_row = ChatHistory(prompt=History.from_chats([CONV[:2]]), response=History.from_chats([CONV[2:]]))
+    got = one_row.to_tokens(tokenizer)
+    assert got.batch_size == torch.Size([]) and got.full.tolist() == single.full.tolist()
+    assert one_row.to_text(tokenizer).full == FULL_TEXT
+    listed = Text(prompt=[PROMPT_TEXT], response=[RESPONSE_TEXT])
+    assert listed.to_tokens(tokenizer).full.tolist() == PROMPT_IDS + RESPONSE_IDS
+    assert _chat(listed.to_history(tokenizer).response) == [("assistant", "4")]
+    two_d = Tokens(prompt=ids([PROMPT_IDS]), response=ids([RESPONSE_IDS]), padded=False)
+    assert two_d.to_text(tokenizer).full == FULL_TEXT
+    with pytest.raises(ValueError, match=r"Text.prompt: this container is unbatched .* holds 2 rows; build it with "
+                                         r"batch_size=\[2\]"):
+        Text(prompt=[PROMPT_TEXT, PROMPT2_TEXT]).to_tokens(tokenizer)
+    two = ChatHistory(prompt=History.from_chats([CONV[:2], CONV2[:1]]))
+    with pytest.raises(ValueError, match=r"ChatHistory.prompt: this container is unbatched .* holds 2 rows"):
+        two.to_tokens(tokenizer)

@@ -32,13 +32,13 @@ def test_private_use_characters_in_content_are_masked_exactly(tokenizer):
 
 
 def test_unknown_template_name_raises_instead_of_rendering_it_literally(tokenizer):
-    # "chatml" is not one of the SmolLM2 tokenizer's named templates and not Jinja: it used to be rendered as the
-    # constant text "chatml" (token ids of that word, silently).
+    # An unknown name is not one of the SmolLM2 tokenizer's named templates, not a known template name and not
+    # Jinja: it used to be rendered as the constant text (token ids of that word, silently).
     h = History.from_chats([{"role": "user", "content": "Hi"}])
-    msg = (r"chat_template='chatml' is not a Jinja template \(it has no '\{'\), not an existing file and not one "
+    msg = (r"chat_template='chatml-nope' is not a Jinja template \(it has no '\{'\), not an existing file and not one "
            r"of the tokenizer's named templates")
     with pytest.raises(ChatTemplateError, match=msg):
-        h.apply_chat_template(tokenizer, chat_template="chatml", tokenize=False)
+        h.apply_chat_template(tokenizer, chat_template="chatml-nope", tokenize=False)
 
 
 def test_template_path_without_jinja_suffix_is_read(tokenizer, tmp_path):

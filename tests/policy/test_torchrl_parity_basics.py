@@ -1,5 +1,7 @@
-"""TorchRL parity basics (issue 12, items 1 and 5) on the tiny model: ``log_prob`` on ragged batches with TorchRL's
-get-kwargs, a model given as a string, float token ids, ``get_batching_state`` keys, cancellation error type."""
+"""TorchRL parity basics (issue 12, items 1, 5 and 6) on the tiny model: ``log_prob`` on ragged batches with TorchRL's
+get-kwargs, a model given as a string, float token ids, ``get_batching_state`` keys, cancellation error type; the
+history-mode log-prob outputs, the ``return_*`` flags, one-message prompts, non-History input,
+``chat_template_name``."""
 
 from __future__ import annotations
 
@@ -159,3 +161,122 @@ def test_batching_state_torchrl_keys_and_cancel_error_type(tiny, tokenizer):
         assert not t.is_alive()
     for r in results:
         assert isinstance(r, concurrent.futures.CancelledError) and isinstance(r, BatchingCancelledError)
+
+
+# ----------------------------------------------------------------------------------------------------------- item 6
+CONV = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+CONV_B = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "3+5?"},
+          {"role": "assistant", "content": "8"}, {"role": "user", "content": "and 1+1?"},
+          {"role": "assistant", "content": "2"}]
+
+
+def _history_td(convs):
+    from lit_llm.data.containers import ChatHistory
+    from lit_llm.data.history import History
+
+    return TensorDict(history=ChatHistory(full=History.from_chats(convs), batch_size=[len(convs)]),
+                      batch_size=[len(convs)])
+
+
+def test_history_log_prob_version_returns_text_history_and_the_response(tiny, tokenizer):
+    from lit_llm.data.containers import ChatHistory
+    from lit_llm.data.history import History
+
+    scorer = TransformersWrapper(tiny, tokenizer=tokenizer, generate=False)
+    assert (scorer.return_text, scorer.return_history, scorer.return_tokens, scorer.return_masks) == (
+        True, True, True, True)
+    assert scorer.out_keys == ["text", "tokens", "masks", "log_probs", "history"]
+    out = scorer(_history_td([CONV, CONV_B]))
+    for b, conv in enumerate([CONV, CONV_B]):
+        ref = ChatHistory(full=History.from_chats(conv)).to_tokens(tokenizer)  # split at the last assistant turn
+        assert out[b]["tokens", "full"].tolist() == ref.full.tolist()
+        assert out[b]["tokens", "prompt"].tolist() == ref.prompt.tolist()
+        assert out[b]["tokens", "response"].tolist() == ref.response.tolist()
+        text = ChatHistory(full=History.from_chats(conv)).to_text(tokenizer)
+        assert (out[b]["text", "full"], out[b]["text", "prompt"], out[b]["text", "response"]) == (
+            text.full, text.prompt, text.response)
+        full_h = out[b]["history", "full"]  # the input row, "<none>"-padded to the batch's longest conversation
+        assert [c for c, r in zip(full_h.content, full_h.role) if r != "<none>"] == [m["content"] for m in conv]
+        assert list(out[b]["history", "response"].content) == [conv[-1]["content"]]
+        assert list(out[b]["history", "prompt"].role) == [m["role"] for m in conv[:-1]]
+        lp = _ref_log_probs(tiny, ref.full)[ref.prompt.numel():]
+        torch.testing.assert_close(scorer.log_prob(_history_td([CONV, CONV_B]))[b], lp, atol=1e-5, rtol=0)
+    assert tokenizer.decode(out[1]["tokens", "response"].tolist()) == "2<|im_end|>\n"
+
+
+def test_return_flags_drop_outputs_and_are_validated(tiny, tokenizer):
+    scorer = TransformersWrapper(tiny, tokenizer=tokenizer, generate=False, return_text=False,
+                                 return_history=False, return_masks=False)
+    assert scorer.out_keys == ["tokens", "log_probs"]
+    out = scorer(_history_td([CONV]))
+    assert set(out.keys()) == {"history", "tokens", "log_probs"}  # the input's history, nothing new written there
+    assert out[0]["history"].prompt is None and out[0]["history"].response is None  # the input, untouched
+    assert scorer.get_new_version(generate=True).return_text is False  # flags are carried over
+    tok_mode = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="tokens", generate=False)
+    assert (tok_mode.return_text, tok_mode.return_history) == (False, False)
+    text_mode = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="text", generate=False)
+    assert text_mode.out_keys == ["text", "tokens", "masks", "log_probs"]
+    with pytest.raises(ValueError, match="return_history=True needs input_mode='history'"):
+        TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="text", return_history=True)
+    with pytest.raises(ValueError, match="return_text=True needs input_mode 'history' or 'text'"):
+        TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="tokens", return_text=True)
+    with pytest.raises(ValueError, match="return_masks must be a bool or None, got 1"):
+        TransformersWrapper(tiny, tokenizer=tokenizer, return_masks=1)
+
+
+def test_text_mode_log_prob_version_returns_text(tiny, tokenizer):
+    from lit_llm.data.containers import Text
+
+    scorer = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="text", generate=False)
+    full = "<|im_start|>user\nHi<|im_end|>\n"
+    out = scorer(TensorDict(text=Text(full=[full, "abc"], batch_size=[2]), batch_size=[2]))
+    assert out[0]["text", "full"] == full and out[1]["text", "full"] == "abc"
+
+
+def test_single_message_prompts_generate(tiny, tokenizer):
+    from lit_llm.data.containers import ChatHistory
+    from lit_llm.data.history import History
+
+    h = History.from_chats([[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x"}],
+                            [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "y"}]])
+    pol = TransformersWrapper(tiny, tokenizer=tokenizer, generate_kwargs={"max_new_tokens": 3})
+    with pytest.warns(UserWarning, match="one more batch dimension"):
+        ch = ChatHistory(prompt=h[:, 0], batch_size=[2])
+    out = pol(TensorDict(history=ch, batch_size=[2]))
+    raw = TensorDict(batch_size=[2])
+    raw["history", "prompt"] = h[:, 0]  # a [B] History set directly: one message per row, no ChatHistory
+    out_raw = pol(raw)
+    for b in range(2):
+        single = History.from_chats([{"role": "user", "content": ["Hi", "Hello there"][b]}])
+        ids = torch.as_tensor(single.apply_chat_template(tokenizer, add_generation_prompt=True, return_dict=False))
+        assert out[b]["tokens", "prompt"].tolist() == ids.tolist() == out_raw[b]["tokens", "prompt"].tolist()
+        assert list(out[b]["history", "full"].role) == ["user", "assistant"]
+
+
+def test_non_history_input_raises_type_error(tiny, tokenizer):
+    pol = TransformersWrapper(tiny, tokenizer=tokenizer, generate_kwargs={"max_new_tokens": 2})
+    td = TensorDict(batch_size=[1])
+    td["history", "prompt"] = torch.zeros(1, 3)
+    with pytest.raises(TypeError, match=r"input at \('history', 'prompt'\) must be a History .*got Tensor"):
+        pol(td)
+    scorer = pol.get_new_version(generate=False)
+    td = TensorDict(batch_size=[1])
+    td["history", "full"] = torch.zeros(1, 3)
+    with pytest.raises(TypeError, match=r"input at \('history', 'full'\) must be a History"):
+        scorer(td)
+
+
+def test_wrapper_chat_template_name(tiny, tokenizer, templates_dir):
+    from lit_llm.data.containers import ChatHistory
+    from lit_llm.data.history import History
+
+    named = TransformersWrapper(tiny, tokenizer=tokenizer, generate=False, chat_template_name="chatml_format")
+    by_path = TransformersWrapper(tiny, tokenizer=tokenizer, generate=False,
+                                  chat_template=str(templates_dir / "chatml.jinja"))
+    a, b = named(_history_td([CONV])), by_path(_history_td([CONV]))
+    assert a[0]["tokens", "full"].tolist() == b[0]["tokens", "full"].tolist()
+    ref = ChatHistory(full=History.from_chats(CONV)).to_tokens(tokenizer)
+    assert a[0]["tokens", "full"].tolist() != ref.full.tolist()  # not the tokenizer's own (SmolLM2 system prompt)
+    assert named.get_new_version(generate=True).chat_template_name == "chatml_format"
+    with pytest.raises(ValueError, match="pass chat_template or chat_template_name, not both"):
+        TransformersWrapper(tiny, tokenizer=tokenizer, chat_template="x.jinja", chat_template_name="qwen")
