@@ -27,7 +27,7 @@ import torch
 
 from lit_llm.data.errors import ChatTemplateError
 
-__all__ = ["STOP_STRINGS"]
+__all__ = ["STOP_STRINGS", "set_chat_template"]
 
 STOP_STRINGS = (
     "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<end_of_turn>", "<|end|>", "<|end_of_turn|>",
@@ -235,6 +235,23 @@ def _resolve_template(tokenizer: Any, chat_template: str | os.PathLike | None, t
             f"a .jinja file, or None for the tokenizer's own template."
         )
     return chat_template, "<inline template>"
+
+
+def set_chat_template(tokenizer: Any, chat_template: str | os.PathLike) -> str:
+    """Make ``chat_template`` (Jinja text, ``.jinja`` path or one of the tokenizer's named templates) the tokenizer's
+    default template, so renders without an explicit template and ``save_pretrained`` use it. A tokenizer with named
+    templates keeps them; the override becomes its ``"default"``.
+
+    Returns:
+        The template name used in error messages (file name, template name or ``"<inline template>"``).
+
+    Raises:
+        ChatTemplateError: a path that does not exist, a name that is neither a template nor a file.
+    """
+    text, name = _resolve_template(tokenizer, chat_template, None)
+    current = getattr(tokenizer, "chat_template", None)
+    tokenizer.chat_template = {**current, "default": text} if isinstance(current, dict) else text
+    return name
 
 
 # ---------------------------------------------------------------------- tokenisation helpers
