@@ -215,7 +215,12 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
         ) from None
     try:
         return snapshot_download(name, local_files_only=True)
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError as e:
+        # A snapshot that files were fetched into one by one (transformers' own downloads) may be "incomplete" for
+        # the Hub's listing yet hold everything from_pretrained needs.
+        partial = getattr(e, "snapshot_path", None)
+        if partial is not None and (Path(partial) / "config.json").is_file():
+            return str(partial)
         if not constants.HF_HUB_OFFLINE:
             return name  # transformers downloads it into the cache
     raise FileNotFoundError(
