@@ -158,10 +158,12 @@ class PolicyModule(LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.lr_scheduler_factory(opt), "interval": "step"}}
 
     def on_fit_start(self) -> None:
-        """Reject Trainer options that do not apply to manual optimisation (with the replacement to use), and half
-        precision weights (``model.dtype``) under a ``*-mixed`` ``trainer.precision``."""
+        """Reject Trainer options that do not apply to manual optimisation (with the replacement to use), half
+        precision weights (``model.dtype``) under a ``*-mixed`` ``trainer.precision`` and two different chat template
+        settings on the model and the data (see :meth:`_share_template_options`)."""
         t = self.trainer
         check_weights_precision(self.model, str(t.precision), self.model_config.dtype)
+        self._share_template_options(t.datamodule)
         if t.accumulate_grad_batches != 1:
             raise ValueError(f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} is not used: one training "
                              f"batch is one optimizer step. Set data.batch_size (samples per step) and "
@@ -169,6 +171,29 @@ class PolicyModule(LightningModule):
         if t.gradient_clip_val:
             raise ValueError(f"trainer.gradient_clip_val={t.gradient_clip_val} is not used with manual optimisation; "
                              f"set model.grad_clip instead.")
+
+    def _share_template_options(self, datamodule: Any) -> None:
+        """The data module renders with this module's ``chat_template`` / ``chat_template_kwargs`` when it leaves its
+        own unset: record that in its logged hyper-parameters (Lightning refuses to log a key the two modules both
+        have with different values), and refuse two different settings (the data would be rendered with one template
+        and the rollouts, evaluation and exported tokenizer with another).
+
+        Raises:
+            ValueError: ``model.<key>`` and ``data.<key>`` both set, to different values (names both and the fix).
+        """
+        initial = getattr(datamodule, "_hparams_initial", None)  # what Lightning logs (hparams_initial is a copy)
+        if not initial:
+            return
+        for key in ("chat_template", "chat_template_kwargs"):
+            if key not in initial or key not in self.hparams_initial:
+                continue
+            mine, theirs = self.hparams_initial[key], initial[key]
+            if theirs is None or theirs == {}:
+                initial[key] = mine
+            elif mine not in (None, {}) and mine != theirs:
+                raise ValueError(f"model.{key}={mine!r} and data.{key}={theirs!r} differ: the data would be rendered "
+                                 f"with one and the rollouts, evaluation and exported tokenizer with the other. Fix: "
+                                 f"set {key} once, on the model (the data module uses it), or make them equal.")
 
     versions: PolicyVersionSwitch
 
