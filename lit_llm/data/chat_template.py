@@ -28,7 +28,7 @@ import torch
 from lit_llm.data.errors import ChatTemplateError
 
 __all__ = ["CHAT_TEMPLATE_ALIASES", "CHAT_TEMPLATE_FILES", "STOP_STRINGS", "canonical_template_name",
-           "chat_templates_dir"]
+           "chat_templates_dir", "set_chat_template"]
 
 STOP_STRINGS = (
     "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<end_of_turn>", "<|end|>", "<|end_of_turn|>",
@@ -52,7 +52,10 @@ def _assistant_spans(
       opened by its generation prompt), the span starts after the longest prefix of the generation prompt
       (``T(messages[:i], gp=True)`` minus ``T(messages[:i], gp=False)``) found in ``F`` between the previous
       span's end and the start of message ``i``'s content: the part of the generation prompt the full render
-      agrees with is prompt, the rest of the turn is generated. When the template cannot render ``messages[:i]``
+      agrees with is prompt, the rest of the turn is generated -- unless the rest of the generation prompt shows up
+      later in the turn with text inserted before it (Qwen3 with ``enable_thinking=False`` and reasoning in a final
+      turn: ``<think>\nreasoning\n</think>`` where the prompt has an empty think block): no mask of that turn is
+      exact, and it is refused. When the template cannot render ``messages[:i]``
       at all (Qwen3 on an empty list, for a conversation opening with an assistant message), the generation prompt
       is taken from a one-user-message probe conversation instead.
     * content end: message ``i`` is rendered with a private-use marker (one absent from the conversation, the
@@ -76,7 +79,8 @@ def _assistant_spans(
         ``(F, spans)``: the full render and one ``(start, end)`` per assistant message, in order.
 
     Raises:
-        ChatTemplateError: the template raised, or a turn cannot be located in the full render.
+        ChatTemplateError: the template raised, a turn cannot be located in the full render, or a turn's render
+            inserts text inside its generation prompt (names the message index and the fix).
     """
     if renderer.has_generation_markers:
         return renderer.render_with_generation_indices(messages, add_generation_prompt)
@@ -137,11 +141,49 @@ def _span_start(renderer: _Renderer, messages: list[dict], i: int, full: str, pr
     for k in range(len(gen), 0, -1):
         pos = full.rfind(gen[:k], prev_end, content_start)
         if pos >= 0:
+            _check_prompt_not_interrupted(renderer, full, gen, k, pos + k, content_start, i, where)
             return pos + k
     raise ChatTemplateError(
         f"Chat template {renderer.name!r}: the generation prompt {gen!r} (render of messages[:{i}] with "
         f"add_generation_prompt=True minus the one without) is not found before assistant message {i} of {where} in "
         f"the full render, so its turn cannot be delimited. Use a template with {{% generation %}} markers."
+    )
+
+
+def _check_prompt_not_interrupted(renderer: _Renderer, full: str, gen: str, k: int, start: int, content_start: int,
+                                  i: int, where: str) -> None:
+    """Refuse a turn whose render splits the generation prompt ``gen`` with extra text.
+
+    The full render agrees with ``gen[:k]`` up to ``start``. When the rest of the generation prompt, ``gen[k:]``,
+    is then found further on in the same turn (before its content ends), the template rendered the turn as the
+    generation prompt with text inserted inside it: that text is neither prompt nor what a model generates after the
+    prompt, so no mask of this turn is exact. Example: Qwen3 with ``enable_thinking=False`` prompts with an empty
+    think block (``<think>\n\n</think>\n\n``) but renders a final turn's reasoning inside the block
+    (``<think>\nreasoning\n</think>\n\n``). A rest that is only whitespace is not searched (it occurs anywhere).
+    When the rest is absent, the template dropped it from the turn (DeepSeek-V3's ``<think>\n``) and the turn is
+    exact from ``start``.
+
+    Raises:
+        ChatTemplateError: names the template, the assistant message index, the inserted text and the fix.
+    """
+    rest = gen[k:]
+    if not rest.strip():
+        return
+    again = full.find(rest, start, content_start)
+    if again < 0:
+        return
+    inserted = full[start:again]
+    hint = (f"With enable_thinking=False the generation prompt ends with an empty think block, so the model never "
+            f"writes reasoning: remove the reasoning (<think>...</think>) from assistant message "
+            f"{i}, or set enable_thinking true (model.chat_template_kwargs)."
+            if renderer.variables.get("enable_thinking") is False else
+            f"Change assistant message {i} so that its render continues the generation prompt, or use a template "
+            f"with {{% generation %}} markers.")
+    raise ChatTemplateError(
+        f"Chat template {renderer.name!r}: assistant message {i} of {where} does not continue its generation prompt: "
+        f"the prompt ends with {gen!r}, but the render of the turn inserts {inserted!r} inside it (before "
+        f"{rest!r}), text that is neither prompt nor what the model generates after that prompt, so the turn has no "
+        f"exact assistant mask. {hint}"
     )
 
 
@@ -291,6 +333,21 @@ def _named_template_file(name: str) -> Path | None:
             f"or a .jinja path as chat_template."
         )
     return path
+def set_chat_template(tokenizer: Any, chat_template: str | os.PathLike) -> str:
+    """Make ``chat_template`` (Jinja text, ``.jinja`` path or one of the tokenizer's named templates) the tokenizer's
+    default template, so renders without an explicit template and ``save_pretrained`` use it. A tokenizer with named
+    templates keeps them; the override becomes its ``"default"``.
+
+    Returns:
+        The template name used in error messages (file name, template name or ``"<inline template>"``).
+
+    Raises:
+        ChatTemplateError: a path that does not exist, a name that is neither a template nor a file.
+    """
+    text, name = _resolve_template(tokenizer, chat_template, None)
+    current = getattr(tokenizer, "chat_template", None)
+    tokenizer.chat_template = {**current, "default": text} if isinstance(current, dict) else text
+    return name
 
 
 # ---------------------------------------------------------------------- tokenisation helpers

@@ -51,7 +51,7 @@ from lit_llm.lightning.grpo_eval import GreedyEvaluation
 from lit_llm.lightning.module import PolicyModule
 from lit_llm.lightning.tables import append_csv, log_table
 from lit_llm.lightning.versions import PolicyVersionSwitch
-from lit_llm.models import DEFAULT_MODEL
+from lit_llm.models import DEFAULT_MODEL, DType
 from lit_llm.objectives.grpo import GRPOObjective
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
@@ -71,7 +71,11 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
     """Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) with TRL's knobs (see module docstring).
 
     Args:
-        model: ``"smollm2-135m-instruct"`` (embedded default), ``"tiny"`` (tests) or a local HF folder.
+        model, dtype, attn_implementation, chat_template, chat_template_kwargs: the model options (see
+            :class:`~lit_llm.lightning.module.PolicyModule` and :class:`~lit_llm.models.ModelConfig`): the model
+            (``"smollm2-135m-instruct"``, ``"tiny"`` for tests, a local HF folder or a Hub id), its load dtype and
+            attention kernel, the chat template of prompts without ``prompt_ids`` (Jinja text, ``.jinja`` path or
+            name) and the template variables of every prompt render (rollouts and greedy evaluation).
         reward_funcs: reward functions (TRL signature, :mod:`lit_llm.rewards`): callables or specs, i.e. a
             built-in's name, ``"module:function"`` (importable, or a module in the current directory) or
             ``"path/to/rewards.py:function"`` (:func:`~lit_llm.rewards.resolve_reward`). Each receives the prompts,
@@ -105,7 +109,6 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         eval_samples: evaluation completions written to ``eval_samples.csv`` per evaluation.
         log_samples_every: optimizer steps between sampled-completion tables (0 = never).
         num_logged_samples: rows per table.
-        chat_template: Jinja string or ``.jinja`` path for prompts without ``prompt_ids``.
         optimizer, lr_scheduler, grad_clip, on_nonfinite, gradient_checkpointing, chunk_size: see
             :class:`~lit_llm.lightning.module.PolicyModule`.
         share_prompts: in training, run each distinct prompt of a micro-batch through the backbone once and its
@@ -121,7 +124,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             import; at ``setup``, a column a reward function needs that the prompts lack.
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, *, reward_funcs: Sequence[RewardSpec] = DEFAULT_REWARDS,
+    def __init__(self, model: str = DEFAULT_MODEL, *, dtype: DType = "float32", attn_implementation: str | None = None,
+                 chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+                 reward_funcs: Sequence[RewardSpec] = DEFAULT_REWARDS,
                  reward_weights: list[float] | None = None, num_generations: int = 8, max_new_tokens: int = 32,
                  temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None,
                  loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = "dapo", epsilon: float = 0.2,
@@ -132,12 +137,13 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  rollout_workers: int | None = None, batching: bool = True, rollout_seed: int | None = 0,
                  eval_reward_funcs: Sequence[RewardSpec] | None = None, eval_max_new_tokens: int | None = None,
                  eval_samples: int = 4, log_samples_every: int = 10, num_logged_samples: int = 4,
-                 chat_template: str | None = None, optimizer: OptimizerCallable = torch.optim.AdamW,
+                 optimizer: OptimizerCallable = torch.optim.AdamW,
                  lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
                  on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
                  chunk_size: int = 1024, share_prompts: bool = True) -> None:
-        super().__init__(model, optimizer=optimizer, lr_scheduler=lr_scheduler, grad_clip=grad_clip,
-                         on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
+        super().__init__(model, dtype=dtype, attn_implementation=attn_implementation, chat_template=chat_template,
+                         chat_template_kwargs=chat_template_kwargs, optimizer=optimizer, lr_scheduler=lr_scheduler,
+                         grad_clip=grad_clip, on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
                          chunk_size=chunk_size)
         checks = {"num_generations": (num_generations, 2), "max_new_tokens": (max_new_tokens, 1),
                   "num_iterations": (num_iterations, 1), "micro_batch_size": (micro_batch_size, 1),
@@ -169,7 +175,6 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         self.log_samples_every, self.num_logged_samples, self.eval_samples = (log_samples_every, num_logged_samples,
                                                                               eval_samples)
         self.eval_max_new_tokens = eval_max_new_tokens or max_new_tokens
-        self.chat_template = chat_template
         self.rewards = RewardFunctions(list(reward_funcs), reward_weights)
         self.eval_rewards = RewardFunctions(list(eval_reward_funcs or reward_funcs))
         self.objective = GRPOObjective(loss_type=loss_type, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta,
@@ -185,7 +190,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                                      generate_kwargs=gen_kwargs, chunk_size=chunk_size)
         engine = RolloutEngine(policy, tokenizer=self.tokenizer, reward_fn=self.rewards,
                                num_generations=num_generations, scale_rewards=scale_rewards, seed=rollout_seed,
-                               chat_template=chat_template, batching=batching, num_workers=rollout_workers)
+                               chat_template=chat_template, chat_template_kwargs=self.chat_template_kwargs,
+                               batching=batching, num_workers=rollout_workers)
         # The callback is a plain attribute (not an nn.Module): checkpoints hold the weights once; a reference copy
         # (beta > 0) is neither trained, checkpointed nor exported.
         self.versions = PolicyVersionSwitch(

@@ -23,16 +23,18 @@ __all__ = ["GreedyEvaluation"]
 
 class GreedyEvaluation:
     """Validation hooks of a GRPO module. The host provides ``versions`` (a
-    :class:`~lit_llm.lightning.versions.PolicyVersionSwitch`), ``tokenizer``, ``chat_template``, ``eval_rewards``
+    :class:`~lit_llm.lightning.versions.PolicyVersionSwitch`), ``tokenizer``, ``chat_template``,
+    ``chat_template_kwargs``, ``eval_rewards``
     (:class:`~lit_llm.rewards.RewardFunctions`), ``eval_metrics`` (a ``ModuleDict`` of ``MeanMetric`` per function),
     ``eval_max_new_tokens`` and ``eval_samples``."""
 
     @torch.no_grad()
     def greedy_responses(self, batch: dict[str, Any]) -> list[Tensor]:
         """Greedy response ids (``eval_max_new_tokens``, ending with the stop token unless truncated) of a prompt
-        batch's ``prompt_ids`` (or its ``prompt``, rendered with the chat template)."""
+        batch's ``prompt_ids`` (or its ``prompt``, rendered with the chat template and ``chat_template_kwargs``)."""
         ids = batch.get("prompt_ids") or tokenize_prompts(batch["prompt"], self.tokenizer,
-                                                          chat_template=self.chat_template)
+                                                          chat_template=self.chat_template,
+                                                          chat_template_kwargs=self.chat_template_kwargs)
         return self.versions.greedy([torch.as_tensor(p) for p in ids], self.eval_max_new_tokens)
 
     def complete(self, batch: dict[str, Any]) -> list[str]:

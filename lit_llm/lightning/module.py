@@ -35,26 +35,68 @@ from torch import Tensor
 from torchmetrics import SumMetric
 
 from lit_llm.lightning.versions import PolicyVersionSwitch
-from lit_llm.models import DEFAULT_MODEL
+from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig
 from lit_llm.objectives.sft import NonFiniteLossError, check_finite, sft_loss, sft_step_count
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 
-__all__ = ["PolicyModule", "SFTModule", "load_policy_model"]
+__all__ = ["PolicyModule", "SFTModule", "check_weights_precision", "load_policy_model"]
 
 
-def load_policy_model(name: str) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` for a model name: ``"smollm2-135m-instruct"`` (embedded default), ``"tiny"`` (a random
-    tiny Llama over SmolLM2's tokenizer, for tests) or a local HF folder.
+def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for the model options: ``"smollm2-135m-instruct"`` (embedded default), ``"tiny"`` (a
+    random tiny Llama over SmolLM2's tokenizer, for tests), a local HF folder or a Hub id, loaded with the options'
+    ``dtype`` and ``attn_implementation``; a ``chat_template`` override is resolved (text, ``.jinja`` path or template
+    name) and set on the tokenizer, so every render without an explicit template and every export use it.
+
+    Args:
+        config: the :class:`~lit_llm.models.ModelConfig`, or a model name (all other options at their defaults).
 
     Raises:
-        FileNotFoundError: unknown name / path (see :func:`lit_llm.models.load_model`).
+        FileNotFoundError: unknown name / path, a Hub id not cached while ``HF_HUB_OFFLINE`` is set (see
+            :func:`lit_llm.models.load_model`).
+        ValueError: an invalid option (:class:`~lit_llm.models.ModelConfig`); a chat template that does not resolve
+            (:class:`~lit_llm.data.errors.ChatTemplateError`).
     """
+    from lit_llm.data.chat_template import set_chat_template
     from lit_llm.models import load_model, load_tokenizer, tiny_model
 
-    if name == "tiny":
+    config = config if isinstance(config, ModelConfig) else ModelConfig(str(config))
+    if config.model_name_or_path == "tiny":
         tokenizer = load_tokenizer()
-        return tiny_model(tokenizer), tokenizer
-    return load_model(name)
+        model = tiny_model(tokenizer, dtype=config.dtype, attn_implementation=config.attn_implementation)
+    else:
+        model, tokenizer = load_model(config.model_name_or_path, dtype=config.dtype,
+                                      attn_implementation=config.attn_implementation)
+    if config.chat_template is not None:
+        set_chat_template(tokenizer, config.chat_template)
+    return model, tokenizer
+
+
+def check_weights_precision(model: torch.nn.Module, precision: str, dtype_option: str) -> None:
+    """Refuse half precision weights under a mixed precision (``bf16-mixed``, ``16-mixed``): mixed precision means
+    fp32 master weights with half precision compute, and optimizer updates below the bf16/fp16 resolution of the
+    weights would be lost.
+
+    Args:
+        model: the trained model (the dtype of its floating parameters is checked, so ``"auto"`` is covered).
+        precision: ``trainer.precision`` as a string.
+        dtype_option: the ``model.dtype`` option, named in the message.
+
+    Raises:
+        ValueError: names ``model.dtype``, ``trainer.precision`` and both fixes.
+    """
+    if not precision.endswith("-mixed"):
+        return
+    half = {p.dtype for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)}
+    if half:
+        name = str(sorted(half, key=str)[0]).removeprefix("torch.")
+        true = "bf16-true" if name == "bfloat16" else "16-true"
+        raise ValueError(
+            f"model.dtype={dtype_option!r} loads the weights in {name}, but trainer.precision={precision!r} is mixed "
+            f"precision (fp32 master weights, half precision compute): the optimizer would update {name} weights. "
+            f"Fix: set model.dtype float32 to keep {precision}, or keep model.dtype {dtype_option} with "
+            f"trainer.precision {true} (weights and compute in {name})."
+        )
 
 
 class PolicyModule(LightningModule):
@@ -64,8 +106,15 @@ class PolicyModule(LightningModule):
     :meth:`step_denominator` and :meth:`micro_batch_loss`.
 
     Args:
-        model: ``"smollm2-135m-instruct"`` (the embedded SmolLM2-135M-Instruct), ``"tiny"`` (random tiny model, for
-            tests) or the path of a local HF folder.
+        model, dtype, attn_implementation, chat_template, chat_template_kwargs: the model options, gathered in
+            :attr:`model_config` (a :class:`~lit_llm.models.ModelConfig`, TRL names; ``model`` is its
+            ``model_name_or_path``): ``"smollm2-135m-instruct"`` (the embedded SmolLM2-135M-Instruct), ``"tiny"``
+            (random tiny model, for tests), a local HF folder or a Hub id (through the HF cache); the parameter dtype
+            (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"auto"``; half precision weights and a ``*-mixed``
+            ``trainer.precision`` are refused at fit start); the attention kernel; a chat template override (Jinja
+            text, ``.jinja`` path or template name, set on the tokenizer); the template variables of every render
+            (e.g. ``{"enable_thinking": False}``). The data modules read :attr:`tokenizer`, :attr:`chat_template`
+            and :attr:`chat_template_kwargs` from the module.
         optimizer: optimizer factory over the model's parameters (e.g. ``torch.optim.AdamW`` with ``lr`` in the
             config).
         lr_scheduler: optional scheduler factory, stepped once per optimizer step.
@@ -77,14 +126,20 @@ class PolicyModule(LightningModule):
         chunk_size: positions per LM-head chunk in the log-prob kernel.
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, *, optimizer: OptimizerCallable = torch.optim.AdamW,
-                 lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
-                 on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
-                 chunk_size: int = 1024) -> None:
+    def __init__(self, model: str = DEFAULT_MODEL, *, dtype: DType = "float32", attn_implementation: str | None = None,
+                 chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+                 optimizer: OptimizerCallable = torch.optim.AdamW, lr_scheduler: LRSchedulerCallable | None = None,
+                 grad_clip: float | None = 1.0, on_nonfinite: Literal["raise", "skip"] = "raise",
+                 gradient_checkpointing: bool = False, chunk_size: int = 1024) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.model_name = model
-        self.model, self.tokenizer = load_policy_model(model)
+        self.model_config = ModelConfig(model, dtype=dtype, attn_implementation=attn_implementation,
+                                        chat_template=chat_template, chat_template_kwargs=chat_template_kwargs or {})
+        self.model_name = self.model_config.model_name_or_path
+        # Plain attributes read by the data modules (their own chat_template wins when set).
+        self.chat_template: str | None = self.model_config.chat_template
+        self.chat_template_kwargs: dict[str, Any] = self.model_config.chat_template_kwargs
+        self.model, self.tokenizer = load_policy_model(self.model_config)
         self.model.train()  # load_model returns eval mode; Lightning keeps submodule modes as they are
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -104,8 +159,12 @@ class PolicyModule(LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.lr_scheduler_factory(opt), "interval": "step"}}
 
     def on_fit_start(self) -> None:
-        """Reject Trainer options that do not apply to manual optimisation (with the replacement to use)."""
+        """Reject Trainer options that do not apply to manual optimisation (with the replacement to use), half
+        precision weights (``model.dtype``) under a ``*-mixed`` ``trainer.precision`` and two different chat template
+        settings on the model and the data (see :meth:`_share_template_options`)."""
         t = self.trainer
+        check_weights_precision(self.model, str(t.precision), self.model_config.dtype)
+        self._share_template_options(t.datamodule)
         if t.accumulate_grad_batches != 1:
             raise ValueError(f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} is not used: one training "
                              f"batch is one optimizer step. Set data.batch_size (samples per step) and "
@@ -162,6 +221,28 @@ class PolicyModule(LightningModule):
                         f"checkpoint's optimizer state, whose lr is {restored}. To train on with another lr, start a "
                         f"new run from the exported weights, or use an lr_scheduler.")
                     break
+    def _share_template_options(self, datamodule: Any) -> None:
+        """The data module renders with this module's ``chat_template`` / ``chat_template_kwargs`` when it leaves its
+        own unset: record that in its logged hyper-parameters (Lightning refuses to log a key the two modules both
+        have with different values), and refuse two different settings (the data would be rendered with one template
+        and the rollouts, evaluation and exported tokenizer with another).
+
+        Raises:
+            ValueError: ``model.<key>`` and ``data.<key>`` both set, to different values (names both and the fix).
+        """
+        initial = getattr(datamodule, "_hparams_initial", None)  # what Lightning logs (hparams_initial is a copy)
+        if not initial:
+            return
+        for key in ("chat_template", "chat_template_kwargs"):
+            if key not in initial or key not in self.hparams_initial:
+                continue
+            mine, theirs = self.hparams_initial[key], initial[key]
+            if theirs is None or theirs == {}:
+                initial[key] = mine
+            elif mine not in (None, {}) and mine != theirs:
+                raise ValueError(f"model.{key}={mine!r} and data.{key}={theirs!r} differ: the data would be rendered "
+                                 f"with one and the rollouts, evaluation and exported tokenizer with the other. Fix: "
+                                 f"set {key} once, on the model (the data module uses it), or make them equal.")
 
     versions: PolicyVersionSwitch
 
@@ -309,7 +390,8 @@ class SFTModule(PolicyModule):
     real token (attention-masked, ``get_generic_dist``).
 
     Args:
-        model: see :class:`PolicyModule`.
+        model, dtype, attn_implementation, chat_template, chat_template_kwargs: the model options (see
+            :class:`PolicyModule` and :class:`~lit_llm.models.ModelConfig`).
         loss: the loss head, ``"sft"``, ``"rlhf"`` or ``"generic"``.
         normalization: ``"token"`` = mean over the trained tokens of the whole optimizer step (all micro-batches,
             all ranks); ``"sequence"`` = each sequence's token mean, averaged over the step's sequences.
@@ -317,18 +399,20 @@ class SFTModule(PolicyModule):
             saved in checkpoints).
         token_accuracy: log the mean token accuracy (argmax hits from the log-prob kernel's chunks: no extra
             LM-head pass).
-        **kwargs: the :class:`PolicyModule` options (optimizer, lr_scheduler, grad_clip, on_nonfinite,
-            gradient_checkpointing, chunk_size).
+        optimizer, lr_scheduler, grad_clip, on_nonfinite, gradient_checkpointing, chunk_size: see
+            :class:`PolicyModule`.
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, *, loss: Literal["sft", "rlhf", "generic"] = "sft",
-                 normalization: Literal["token", "sequence"] = "token", kl_coef: float = 0.0,
-                 token_accuracy: bool = True, optimizer: OptimizerCallable = torch.optim.AdamW,
+    def __init__(self, model: str = DEFAULT_MODEL, *, dtype: DType = "float32", attn_implementation: str | None = None,
+                 chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+                 loss: Literal["sft", "rlhf", "generic"] = "sft", normalization: Literal["token", "sequence"] = "token",
+                 kl_coef: float = 0.0, token_accuracy: bool = True, optimizer: OptimizerCallable = torch.optim.AdamW,
                  lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
                  on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
                  chunk_size: int = 1024) -> None:
-        super().__init__(model, optimizer=optimizer, lr_scheduler=lr_scheduler, grad_clip=grad_clip,
-                         on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
+        super().__init__(model, dtype=dtype, attn_implementation=attn_implementation, chat_template=chat_template,
+                         chat_template_kwargs=chat_template_kwargs, optimizer=optimizer, lr_scheduler=lr_scheduler,
+                         grad_clip=grad_clip, on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
                          chunk_size=chunk_size)
         if loss not in ("sft", "rlhf", "generic"):
             raise ValueError(f"SFTModule: loss must be 'sft', 'rlhf' or 'generic', got {loss!r}.")

@@ -188,9 +188,9 @@ class PolicyVersionSwitch(Callback):
         self.async_rollouts = StatefulAsyncRollouts.from_policy(
             e.policy, loader, max_staleness=2**62 if distributed else self.max_staleness, version=version,
             tokenizer=e.tokenizer, reward_fn=e.reward_fn, num_generations=e.num_generations,
-            scale_rewards=e.scale_rewards, seed=e.seed, chat_template=e.chat_template, batching=e.batching,
-            num_workers=e.num_workers, rank=e.rank, rollout_context=self.precision_context,
-            trainer_state_fn=self.trainer_state)
+            scale_rewards=e.scale_rewards, seed=e.seed, chat_template=e.chat_template,
+            chat_template_kwargs=e.chat_template_kwargs, batching=e.batching, num_workers=e.num_workers, rank=e.rank,
+            rollout_context=self.precision_context, trainer_state_fn=self.trainer_state)
         return self.async_rollouts
 
     def take_rollout(self, batch: Any, step: int) -> tuple[RolloutBatch | None, int, float]:

@@ -137,6 +137,7 @@ class RolloutEngine:
         scale_rewards: ``"group"``, ``"batch"`` or ``"none"`` (see :func:`~lit_llm.objectives.compute_advantages`).
         seed: sampling seed (per-row generators, see the module docstring); ``None``: the global RNG.
         chat_template: template for chat prompts without ``prompt_ids``.
+        chat_template_kwargs: template variables of those renders (e.g. ``{"enable_thinking": False}``).
         batching: serve the rollout workers through the wrapper's threaded batcher (a version of ``policy`` with
             ``min_batch_size`` = the rows of the call, built once per row count). ``False``: one direct call.
         num_workers: rollout worker threads with ``batching``; ``None`` = one per prompt group.
@@ -153,8 +154,8 @@ class RolloutEngine:
 
     def __init__(self, policy: Any, *, tokenizer: Any, reward_fn: RewardCallable, num_generations: int,
                  scale_rewards: Literal["group", "batch", "none"] = "group", seed: int | None = 0,
-                 chat_template: str | None = None, batching: bool = True, num_workers: int | None = None,
-                 version: int = 0, rank: int = 0,
+                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+                 batching: bool = True, num_workers: int | None = None, version: int = 0, rank: int = 0,
                  trainer_state_fn: Callable[[], TrainerState] | None = None) -> None:
         if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
             raise RolloutError(f"num_generations must be an int >= 2 (GRPO compares completions within a group), got "
@@ -169,6 +170,7 @@ class RolloutEngine:
         self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
         self.num_generations, self.scale_rewards, self.seed = num_generations, scale_rewards, seed
         self.chat_template, self.batching, self.num_workers = chat_template, bool(batching), num_workers
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.version, self.rank = version, int(rank)
         self.trainer_state_fn = trainer_state_fn
         self.pad_token_id = int(policy.generation_config.pad_token_id)
@@ -267,7 +269,8 @@ class RolloutEngine:
         ids = batch.get("prompt_ids")
         if ids is None:
             try:
-                ids = tokenize_prompts(prompts, self.tokenizer, chat_template=self.chat_template)
+                ids = tokenize_prompts(prompts, self.tokenizer, chat_template=self.chat_template,
+                                       chat_template_kwargs=self.chat_template_kwargs)
             except ValueError as e:
                 raise RolloutError(str(e)) from e
         ids = [torch.as_tensor(p, dtype=torch.long).reshape(-1).cpu() for p in ids]

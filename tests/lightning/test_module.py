@@ -235,3 +235,148 @@ class _InfGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return torch.full((64,), float("inf"))  # the tiny model's hidden size
+
+
+# ------------------------------------------------------------------------------------------------ model options
+def test_model_options_are_keyword_arguments_of_every_module():
+    """One place for the model options: each ModelConfig field (``model`` for ``model_name_or_path``) is a keyword
+    argument with the same default on PolicyModule, SFTModule and GRPOModule."""
+    import dataclasses
+    import inspect
+
+    from lit_llm.lightning.grpo import GRPOModule
+    from lit_llm.lightning.module import PolicyModule
+    from lit_llm.models import ModelConfig
+
+    defaults = ModelConfig()
+    for cls in (PolicyModule, SFTModule, GRPOModule):
+        params = inspect.signature(cls.__init__).parameters
+        for f in dataclasses.fields(ModelConfig):
+            name = "model" if f.name == "model_name_or_path" else f.name
+            default = getattr(defaults, f.name)
+            assert params[name].default == (None if default == {} else default), (cls.__name__, name)
+
+
+def test_model_options_reach_module_tokenizer_and_hparams(templates_dir):
+    path = templates_dir / "chatml.jinja"
+    module = SFTModule("tiny", dtype="bfloat16", attn_implementation="eager", chat_template=str(path),
+                       chat_template_kwargs={"enable_thinking": False})
+    assert module.model.dtype == torch.bfloat16 and module.model.config._attn_implementation == "eager"
+    assert module.chat_template == str(path) and module.chat_template_kwargs == {"enable_thinking": False}
+    assert module.tokenizer.chat_template == path.read_text()  # renders without a template and exports use it
+    assert module.model_config.model_name_or_path == "tiny" and module.model_config.dtype == "bfloat16"
+    for key, value in (("dtype", "bfloat16"), ("attn_implementation", "eager"), ("chat_template", str(path)),
+                       ("chat_template_kwargs", {"enable_thinking": False})):
+        assert module.hparams[key] == value, key
+    plain = SFTModule("tiny")
+    assert plain.chat_template is None and plain.chat_template_kwargs == {} and plain.model.dtype == torch.float32
+
+
+def test_unknown_chat_template_is_refused_at_construction(tmp_path):
+    from lit_llm.data.errors import ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match=r"no-such\.jinja.*no such file"):
+        SFTModule("tiny", chat_template=str(tmp_path / "no-such.jinja"))
+
+
+@pytest.mark.parametrize(("dtype", "fix"), [("bfloat16", "bf16-true"), ("float16", "16-true")])
+def test_half_weights_with_mixed_precision_refused_at_fit_start(rows_path, tokenizer, dtype, fix):
+    precision = "bf16-mixed"  # Lightning turns 16-mixed into bf16-mixed on CPU (16-mixed: next test)
+    module = SFTModule("tiny", dtype=dtype)
+    before = module.model.model.norm.weight.detach().clone()
+    dm = SFTDataModule(str(rows_path), batch_size=2)
+    dm.tokenizer = tokenizer
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, precision=precision, accelerator="cpu")
+    with pytest.raises(ValueError, match=rf"model\.dtype='{dtype}' loads the weights in {dtype}, but "
+                                         rf"trainer\.precision='{precision}' is mixed precision.*set model\.dtype "
+                                         rf"float32.*trainer\.precision {fix}"):
+        trainer.fit(module, dm)
+    assert trainer.global_step == 0 and torch.equal(module.model.model.norm.weight, before)
+
+
+@pytest.mark.parametrize(("dtype", "precision", "refused"), [
+    (torch.float16, "16-mixed", True), (torch.bfloat16, "16-mixed", True), (torch.bfloat16, "bf16-true", False),
+    (torch.bfloat16, "32-true", False), (torch.float32, "bf16-mixed", False), (torch.float32, "16-mixed", False)])
+def test_check_weights_precision(tokenizer, dtype, precision, refused):
+    from lit_llm.lightning.module import check_weights_precision
+    from lit_llm.models import tiny_model
+
+    model = tiny_model(tokenizer, hidden_size=16, num_layers=1, num_heads=2, dtype=dtype)
+    if refused:
+        with pytest.raises(ValueError, match=rf"model\.dtype='auto'.*trainer\.precision='{precision}'"):
+            check_weights_precision(model, precision, "auto")
+    else:
+        check_weights_precision(model, precision, "auto")
+
+
+def test_bfloat16_weights_train_with_bf16_true(rows_path, tokenizer):
+    module = SFTModule("tiny", dtype="bfloat16", optimizer=partial(torch.optim.AdamW, lr=1e-2))
+    dm = SFTDataModule(str(rows_path), batch_size=2)
+    dm.tokenizer = tokenizer
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, precision="bf16-true", accelerator="cpu", limit_val_batches=0)
+    trainer.fit(module, dm)
+    assert trainer.global_step == 1 and module.model.model.norm.weight.dtype == torch.bfloat16
+
+
+def test_grpo_rollouts_and_greedy_eval_render_with_template_kwargs(templates_dir):
+    """chat_template_kwargs reach every prompt render of GRPO: the rollout engine (and its async copy's
+    construction arguments) and the greedy evaluation."""
+    from lit_llm.data.prompts import tokenize_prompts
+    from lit_llm.lightning.grpo import GRPOModule
+
+    path = str(templates_dir / "stock-qwen3.jinja")
+    module = GRPOModule("tiny", reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+                        num_generations=2, max_new_tokens=2, chat_template=path,
+                        chat_template_kwargs={"enable_thinking": False})
+    assert module.engine.chat_template == path and module.engine.chat_template_kwargs == {"enable_thinking": False}
+    prompt = [[{"role": "user", "content": "What is 2 + 3?"}]]
+    expected = tokenize_prompts(prompt, module.tokenizer, chat_template=path,
+                                chat_template_kwargs={"enable_thinking": False})[0]
+    assert module.tokenizer.decode(expected).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    seen: list[list[int]] = []
+    module.versions.greedy = lambda prompts, n: seen.extend(p.tolist() for p in prompts) or [torch.tensor([2])]
+    module.greedy_responses({"prompt": prompt})
+    assert seen == [expected.tolist()]
+    rollout = module.engine.rollout({"prompt": prompt})
+    assert rollout.prompt_ids[0].tolist() == expected.tolist()
+
+
+def test_cli_model_options_survive_checkpoint_and_export(tmp_path, templates_dir):
+    """``lit-llm fit`` with model options as dotted overrides of a config that says ``model: tiny``; the checkpoint's
+    hyperparameters rebuild the module for ``lit-llm export``: bf16 weights, the template override in the tokenizer."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lit_llm.lightning.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    path = templates_dir / "chatml.jinja"
+    cli = main(["fit", "--config", str(root / "configs/sft_tiny.yaml"), "--model.init_args.dtype", "bfloat16",
+                "--model.init_args.chat_template", str(path), "--model.init_args.chat_template_kwargs",
+                "{enable_thinking: false}", "--trainer.precision", "bf16-true", "--trainer.max_steps", "1",
+                "--trainer.default_root_dir", str(tmp_path / "run"), "--data.init_args.num_samples", "8",
+                "--samples.num_samples", "0"])
+    module = cli.model
+    assert module.model_name == "tiny" and module.model.dtype == torch.bfloat16  # the config's model kept
+    assert module.chat_template_kwargs == {"enable_thinking": False}
+    out = tmp_path / "exported"
+    main(["export", "--ckpt_path", str(tmp_path / "run/checkpoints/last.ckpt"), "--out", str(out)])
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    assert hf.dtype == torch.bfloat16
+    torch.testing.assert_close(hf.model.norm.weight, module.model.model.norm.weight.cpu(), rtol=0, atol=0)
+    assert AutoTokenizer.from_pretrained(out).chat_template == path.read_text()
+
+
+def test_model_and_data_chat_templates_that_differ_are_refused(rows_path, tokenizer, templates_dir):
+    chatml, qwen3 = str(templates_dir / "chatml.jinja"), str(templates_dir / "stock-qwen3.jinja")
+    module = SFTModule("tiny", chat_template=chatml)
+    dm = SFTDataModule(str(rows_path), batch_size=2, chat_template=qwen3)
+    dm.tokenizer = tokenizer
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0)
+    with pytest.raises(ValueError, match=r"model\.chat_template=.*chatml\.jinja.* and data\.chat_template=.*"
+                                         r"stock-qwen3\.jinja.* differ.*set chat_template once, on the model"):
+        trainer.fit(module, dm)
