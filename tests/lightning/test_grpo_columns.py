@@ -39,7 +39,7 @@ def test_dataset_columns_reach_reward_functions(tmp_path, one_thread):
     eval_calls = [c for c in SEEN if len(c["prompts"]) == 2]  # greedy: one completion per held-out prompt
     assert train_calls and eval_calls
     for call in SEEN:
-        assert call["extra"] == []  # nothing else than the dataset's columns (and the TRL arguments)
+        assert call["extra"] == ["trainer_state"]  # nothing else than the dataset's columns and TRL's arguments
         for prompt, answer, tests in zip(call["prompts"], call["answer"], call["tests"]):
             assert answer == by_prompt[prompt]["answer"] and tests == by_prompt[prompt]["tests"]
     first = train_calls[0]["prompts"]

@@ -112,10 +112,9 @@ def test_missing_eval_column_fails_at_setup():
 class QuestionsOnly(GRPODataModule):
     """Prompts without an answer; declares its reward-visible columns."""
 
-    columns = ("question",)
-
     def setup(self, stage=None):
         super().setup(stage)
+        self.columns = ["question"]
         self.train_rows = [{k: v for k, v in r.items() if k != "answer"} | {"question": "q"} for r in self.train_rows]
 
 
