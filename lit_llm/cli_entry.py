@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from jsonargparse import ArgumentParser
 
-from lit_llm.cli_errors import DEBUG_ENV, OneLineErrors, debug_enabled, near
+from lit_llm.cli_errors import DEBUG_ENV, CLIConfigError, OneLineErrors, debug_enabled, near
 
 __all__ = ["EXTRA_COMMANDS", "LIGHTNING_COMMANDS", "Command", "ToolParser", "console_main", "export_command", "front",
            "top_parser"]
@@ -151,7 +151,9 @@ def front(argv: Sequence[str]) -> bool:
 
 
 def console_main() -> None:
-    """The ``lit-llm`` console script. An extra subcommand's ``OSError`` / ``ValueError`` (a missing checkpoint,
+    """The ``lit-llm`` console script. An error raised while a LightningCLI run is built
+    (:class:`~lit_llm.cli_errors.CLIConfigError`) is printed as ``lit-llm: error: ...`` (no traceback) with exit
+    status 2; an extra subcommand's ``OSError`` / ``ValueError`` (a missing checkpoint,
     an existing ``--out``) is one ``lit-llm CMD: error:`` line and exit status 2 (:data:`DEBUG_ENV` re-raises)."""
     argv = sys.argv[1:]
     try:
@@ -166,7 +168,11 @@ def console_main() -> None:
         raise SystemExit(2) from None
     from lit_llm.lightning.cli import main
 
-    main()
+    try:
+        main()
+    except CLIConfigError as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

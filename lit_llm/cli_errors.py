@@ -61,8 +61,10 @@ class OneLineErrors:
         self.exit(2)
 
 
-class CLIConfigError(Exception):
-    """A run could not be built from its configuration; ``str()`` is the whole message (first line: the cause)."""
+class CLIConfigError(ValueError):
+    """A run could not be built from its configuration; ``str()`` is the whole message (first line: the cause's own
+    text, then the option that set it). The cause is ``__cause__``; a ``ValueError`` whatever the cause's type, so
+    that code catching the modules' ``ValueError`` keeps working."""
 
 
 def debug_enabled() -> bool:

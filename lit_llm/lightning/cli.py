@@ -295,21 +295,18 @@ def main(args: Sequence[str] | None = None) -> LitLLMCLI | None:
         The :class:`LitLLMCLI` for LightningCLI subcommands, ``None`` for the extra commands (``export``, ``plot``).
 
     Raises:
-        SystemExit: 0 after ``--help``; 2 for a bad option or value (one ``lit-llm: error:`` message on stderr) and
-            for an error raised while the run is built (:class:`CLIConfigError`'s text on stderr).
+        SystemExit: 0 after ``--help``; 2 for a bad option or value (one ``lit-llm: error:`` message on stderr).
+        CLIConfigError: an error raised while the run is built (a ``ValueError``; the console script prints its
+            text as ``lit-llm: error: ...`` and exits 2).
     """
     argv = list(sys.argv[1:] if args is None else args)
     if front(argv):
         return None
-    try:
-        return LitLLMCLI(PolicyModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                         args=None if args is None else argv, save_config_kwargs={"overwrite": True},
-                         parser_kwargs={"prog": "lit-llm", "description": "lit-llm: LLM post-training on Lightning. "
-                                        "Extra subcommands: " + "; ".join(f"`lit-llm {k}`: {c.summary}"
-                                                                          for k, c in EXTRA_COMMANDS.items())})
-    except CLIConfigError as e:
-        sys.stderr.write(f"lit-llm: error: {e}\n")
-        raise SystemExit(2) from None
+    return LitLLMCLI(PolicyModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                     args=None if args is None else argv, save_config_kwargs={"overwrite": True},
+                     parser_kwargs={"prog": "lit-llm", "description": "lit-llm: LLM post-training on Lightning. "
+                                    "Extra subcommands: " + "; ".join(f"`lit-llm {k}`: {c.summary}"
+                                                                      for k, c in EXTRA_COMMANDS.items())})
 
 
 def console_main() -> None:

@@ -1,7 +1,8 @@
 """``lit-llm`` errors and help (issue 14 item 4): a bad option is one message (first stderr line: the option, the
 allowed values, a near match; exit 2; no traceback); a class's own error at build time comes first, then the option
-that set it; no abbreviations; GRPOModule among the model subclasses; ``lit-llm --help`` and the extra commands'
-help import neither torch nor Lightning (checked in a fresh interpreter)."""
+that set it (``main`` raises it as a ``CLIConfigError``, the console script prints it and exits 2); no
+abbreviations; GRPOModule among the model subclasses; ``lit-llm --help`` and the extra commands' help import neither
+torch nor Lightning (checked in a fresh interpreter)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Literal, Optional
 import pytest
 
 from lit_llm import cli_entry
-from lit_llm.cli_errors import allowed_values, near
+from lit_llm.cli_errors import CLIConfigError, allowed_values, near
 from lit_llm.lightning.cli import LitLLMCLI, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,17 +79,25 @@ def test_debug_env_keeps_jsonargparse_message(capsys, monkeypatch):
     assert "Does not validate against any of the Union subtypes" in err and "lit-llm: error" not in err
 
 
-def test_module_value_error_comes_first_with_its_option(capsys):
-    lines = error_lines(["fit", "--config", GRPO, "--model.init_args.num_generations", "1", "--trainer.max_steps", "0",
-                         "--trainer.default_root_dir", "unused"], capsys)
-    assert lines == ["lit-llm: error: GRPOModule: num_generations must be an integer >= 2, got 1.",
+def build_error_lines(args: list[str]) -> list[str]:
+    """Run ``main(args)``: it must raise :class:`CLIConfigError` (the console prints it as ``lit-llm: error:``)."""
+    with pytest.raises(CLIConfigError) as exc:
+        main(args)
+    assert isinstance(exc.value, ValueError) and exc.value.__cause__ is not None
+    return str(exc.value).splitlines()
+
+
+def test_module_value_error_comes_first_with_its_option(tmp_path):
+    lines = build_error_lines(["fit", "--config", GRPO, "--model.init_args.num_generations", "1",
+                               "--trainer.max_steps", "0", "--trainer.default_root_dir", str(tmp_path)])
+    assert lines == ["GRPOModule: num_generations must be an integer >= 2, got 1.",
                      "  (set by --model.init_args.num_generations 1; LIT_LLM_DEBUG=1 shows the traceback)"]
 
 
-def test_trainer_error_names_its_option(capsys, tmp_path):
-    lines = error_lines(["fit", "--config", SFT, "--trainer.accelerator", "gpuu", "--trainer.default_root_dir",
-                         str(tmp_path)], capsys)
-    assert lines[0].startswith("lit-llm: error: You selected an invalid accelerator name: `accelerator='gpuu'`.")
+def test_trainer_error_names_its_option(tmp_path):
+    lines = build_error_lines(["fit", "--config", SFT, "--trainer.accelerator", "gpuu", "--trainer.default_root_dir",
+                               str(tmp_path)])
+    assert lines[0].startswith("You selected an invalid accelerator name: `accelerator='gpuu'`. Available names are:")
     assert lines[1] == "  (set by --trainer.accelerator gpuu; LIT_LLM_DEBUG=1 shows the traceback)"
 
 
@@ -106,7 +115,9 @@ def test_console_script_prints_no_traceback(tmp_path):
                            "--model.init_args.num_generations", "1", "--trainer.max_steps", "0"],
                           cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert proc.stderr.splitlines()[0] == "lit-llm: error: GRPOModule: num_generations must be an integer >= 2, got 1."
+    assert proc.stderr.splitlines() == [
+        "lit-llm: error: GRPOModule: num_generations must be an integer >= 2, got 1.",
+        "  (set by --model.init_args.num_generations 1; LIT_LLM_DEBUG=1 shows the traceback)"]
     assert "Traceback" not in proc.stderr
 
 
