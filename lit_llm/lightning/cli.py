@@ -25,31 +25,44 @@ Added to LightningCLI's own arguments:
   reads it) and ``--wandb true`` (the default) a ``WandbLogger`` (offline unless ``WANDB_API_KEY`` is set; options
   ``--wandb_project``, ``--wandb_name``, ``--wandb_tags``), all under ``trainer.default_root_dir``.
 
-Subcommands other than LightningCLI's are dispatched by :func:`main` before LightningCLI parses (``EXTRA_COMMANDS``):
-``export`` (HF folder) and ``plot`` (training-curve PNG, :mod:`lit_llm.lightning.plot`).
+Subcommands other than LightningCLI's are dispatched by :func:`main` before LightningCLI parses
+(:data:`lit_llm.cli_entry.EXTRA_COMMANDS`): ``export`` (HF folder) and ``plot`` (training-curve PNG,
+:mod:`lit_llm.lightning.plot`); the console script (:func:`lit_llm.cli_entry.console_main`) answers ``lit-llm
+--help`` and their ``--help`` without importing torch.
+
+Errors (:mod:`lit_llm.cli_errors`): a bad option is one ``lit-llm: error:`` message naming the option, the allowed
+values and a near match (exit status 2); an error a class raises while the run is built (a module's ``ValueError``)
+is its own text first, then the option that set it, without a traceback. Options are never abbreviated
+(``--trainer.max_step`` is an error suggesting ``--trainer.max_steps``). ``LIT_LLM_DEBUG=1`` keeps jsonargparse's
+full message and the traceback.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from jsonargparse import ArgumentParser
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+import lit_llm.lightning.grpo  # noqa: F401  (registers GRPOModule among PolicyModule's subclasses: --model.help)
+from lit_llm.cli_entry import EXTRA_COMMANDS, front
+from lit_llm.cli_errors import CLIConfigError, OneLineErrors, debug_enabled, explain_config_error
 from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
 from lit_llm.lightning.module import PolicyModule
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
 
-__all__ = ["EXTRA_COMMANDS", "LitLLMCLI", "LitLLMSaveConfig", "checkpoint_dir", "default_loggers", "main",
-           "route_optimizer_options"]
+__all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
+           "checkpoint_dir", "default_loggers", "main", "route_optimizer_options"]
 
 # Manual optimisation is deliberate (see lit_llm.lightning.module); a step-N checkpoint holds the weights after N steps.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -150,15 +163,79 @@ class LitLLMSaveConfig(SaveConfigCallback):
             logger.log_hyperparams({"precision": str(trainer.precision)})
 
 
+#: Errors raised while the run is built (before the subcommand runs) that are reported as one message
+#: (:func:`lit_llm.cli_errors.explain_config_error`): bad values a class rejects, missing files, bad class paths.
+CONFIG_ERRORS = (ValueError, TypeError, OSError, ImportError, MisconfigurationException)
+
+
+class _HeldLogs(logging.Filter):
+    """Holds a logger's records (LightningCLI's "Seed set to N", logged before the classes are built) so that a
+    build error is the first line of stderr; :meth:`release` re-emits them (``emit``) and detaches."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.logger, self.held = logging.getLogger(name), []
+        self.logger.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.held.append(record)
+        return False
+
+    def release(self, emit: bool) -> None:
+        self.logger.removeFilter(self)
+        held, self.held = self.held, []
+        for record in held if emit else ():
+            self.logger.handle(record)
+
+
+class LitLLMArgumentParser(OneLineErrors, LightningArgumentParser):
+    """LightningCLI's parser with one-message errors (:class:`lit_llm.cli_errors.OneLineErrors`) and no option
+    abbreviations."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 class LitLLMCLI(LightningCLI):
     """LightningCLI over any :class:`PolicyModule` and any ``LightningDataModule`` (``class_path`` in the config),
-    with the always-on checkpoint and validation-samples callbacks, ``trainer.precision: auto`` and the default loggers
-    described above."""
+    with the always-on checkpoint and validation-samples callbacks, ``trainer.precision: auto``, the default loggers
+    and the one-message errors described above.
+
+    Raises:
+        CLIConfigError: a :data:`CONFIG_ERRORS` error while the classes are built (unless ``LIT_LLM_DEBUG`` is set);
+            its text is the cause's own message, then the option that set it.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("trainer_class", AutoPrecisionTrainer)
         kwargs.setdefault("save_config_callback", LitLLMSaveConfig)
-        super().__init__(*args, **kwargs)
+        kwargs.setdefault("parser_class", LitLLMArgumentParser)
+        self._held_logs = _HeldLogs("lightning.fabric.utilities.seed")
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            self._held_logs.release(emit=False)
+
+    def after_instantiate_classes(self) -> None:
+        """Emit the log lines held while the classes were built (the seed)."""
+        self._held_logs.release(emit=True)
+        super().after_instantiate_classes()
+
+    @contextmanager
+    def _config_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except CONFIG_ERRORS as e:
+            if debug_enabled():
+                raise
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            raise CLIConfigError(explain_config_error(e, config)) from e
+
+    def instantiate_classes(self) -> None:
+        """LightningCLI's, with a class's error reported as :class:`CLIConfigError`."""
+        with self._config_errors():
+            super().instantiate_classes()
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(StepCheckpoint, "checkpoint")
@@ -179,7 +256,8 @@ class LitLLMCLI(LightningCLI):
         ``config.yaml`` both get the concrete value, and say what was chosen; route LightningCLI's top-level
         ``--optimizer`` / ``--lr_scheduler`` into the module (:func:`route_optimizer_options`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
-        route_optimizer_options(config)
+        with self._config_errors():
+            route_optimizer_options(config)
         trainer_cfg = config.get("trainer")
         if trainer_cfg is None:
             return
@@ -207,55 +285,36 @@ class LitLLMCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
 
-def _export(argv: Sequence[str]) -> None:
-    from lit_llm.lightning.export import export_checkpoint
-
-    parser = ArgumentParser(prog="lit-llm export", description="Write a checkpoint's policy as an HF folder "
-                            "(loadable with AutoModelForCausalLM.from_pretrained and AutoTokenizer).")
-    parser.add_argument("--ckpt_path", type=str, required=True, help="a .ckpt written by lit-llm fit")
-    parser.add_argument("--out", type=str, required=True, help="the folder to create")
-    parser.add_argument("--overwrite", type=bool, default=False, help="replace --out if it exists")
-    cfg = parser.parse_args(list(argv))
-    out = export_checkpoint(cfg.ckpt_path, cfg.out, overwrite=cfg.overwrite)
-    print(f"exported {cfg.ckpt_path} -> {out}")
-
-
-def _plot(argv: Sequence[str]) -> None:
-    from lit_llm.lightning.plot import main as plot_main
-
-    code = plot_main(list(argv))
-    if code:
-        raise SystemExit(code)
-
-
-#: Subcommands handled outside LightningCLI: name -> function of the remaining arguments.
-EXTRA_COMMANDS: dict[str, Callable[[Sequence[str]], None]] = {"export": _export, "plot": _plot}
-
-
 def main(args: Sequence[str] | None = None) -> LitLLMCLI | None:
-    """Entry point of the ``lit-llm`` console script.
+    """Entry point of ``lit-llm`` (the console script is :func:`lit_llm.cli_entry.console_main`).
 
     Args:
         args: the command line without the program name (default ``sys.argv[1:]``).
 
     Returns:
-        The :class:`LitLLMCLI` for LightningCLI subcommands, ``None`` for ``export``.
+        The :class:`LitLLMCLI` for LightningCLI subcommands, ``None`` for the extra commands (``export``, ``plot``).
+
+    Raises:
+        SystemExit: 0 after ``--help``; 2 for a bad option or value (one ``lit-llm: error:`` message on stderr).
+        CLIConfigError: an error raised while the run is built (a ``ValueError``; the console script prints its
+            text as ``lit-llm: error: ...`` and exits 2).
     """
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] in EXTRA_COMMANDS:
-        EXTRA_COMMANDS[argv[0]](argv[1:])
+    if front(argv):
         return None
     return LitLLMCLI(PolicyModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                      args=None if args is None else argv, save_config_kwargs={"overwrite": True},
-                     parser_kwargs={"description": "lit-llm: LLM post-training on Lightning. Extra subcommands: "
-                                    "`lit-llm export --ckpt_path X.ckpt --out DIR` (HF folder), "
-                                    "`lit-llm plot LOG_DIR [--out PNG]` (training curves)."})
+                     parser_kwargs={"prog": "lit-llm", "description": "lit-llm: LLM post-training on Lightning. "
+                                    "Extra subcommands: " + "; ".join(f"`lit-llm {k}`: {c.summary}"
+                                                                      for k, c in EXTRA_COMMANDS.items())})
 
 
 def console_main() -> None:
-    """The ``lit-llm`` console script: :func:`main` without a return value (a returned object would become the
-    process exit status)."""
-    main()
+    """:func:`lit_llm.cli_entry.console_main` (the ``lit-llm`` script), kept for ``python -m lit_llm.lightning.cli``
+    and installs whose script still names this function."""
+    from lit_llm.cli_entry import console_main as entry
+
+    entry()
 
 
 if __name__ == "__main__":

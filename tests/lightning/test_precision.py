@@ -208,7 +208,7 @@ def test_cli_invalid_value_error_lists_the_allowed_ones(capsys):
         main(["fit", "--config", SFT_TINY, "--trainer.precision", "fp8", "--print_config"])
     assert exc.value.code != 0
     err = capsys.readouterr().err
-    assert 'Parser key "trainer.precision"' in err
+    assert err.startswith("lit-llm: error: --trainer.precision: ")
     assert "'fp8' is not a trainer.precision; use one of: auto, 32-true, bf16-mixed, bf16-true" in err
 
 

@@ -1,0 +1,214 @@
+"""``lit-llm`` errors and help (issue 14 item 4): a bad option is one message (first stderr line: the option, the
+allowed values, a near match; exit 2; no traceback); a class's own error at build time comes first, then the option
+that set it (``main`` raises it as a ``CLIConfigError``, the console script prints it and exits 2); no
+abbreviations; GRPOModule among the model subclasses; ``lit-llm --help`` and the extra commands' help import neither
+torch nor Lightning (checked in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal, Optional
+
+import pytest
+
+from lit_llm import cli_entry
+from lit_llm.cli_errors import CLIConfigError, allowed_values, near
+from lit_llm.lightning.cli import LitLLMCLI, main
+
+ROOT = Path(__file__).resolve().parents[2]
+GRPO = str(ROOT / "configs/grpo_tiny.yaml")
+SFT = str(ROOT / "configs/sft_tiny.yaml")
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+
+
+def error_lines(args: list[str], capsys) -> list[str]:
+    """Run ``main(args)``; it must exit 2; returns stderr's lines."""
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert "Traceback" not in err and "usage:" not in err, err
+    return err.splitlines()
+
+
+PARSE_ERRORS = [
+    (GRPO, ["--model.init_args.loss_type", "dapo2"],
+     "--model.init_args.loss_type: 'dapo2' is not allowed; use one of: dapo, grpo, dr_grpo, bnpo (did you mean dapo?)"),
+    (GRPO, ["--model.rollout_mode", "asynch"],  # the short form names the canonical option
+     "--model.init_args.rollout_mode: 'asynch' is not allowed; use one of: sync, async (did you mean async?)"),
+    (SFT, ["--model.loss", "rlfh"],
+     "--model.init_args.loss: 'rlfh' is not allowed; use one of: sft, rlhf, generic (did you mean rlhf?)"),
+    (GRPO, ["--trainer.max_step", "2"],  # an abbreviation is not accepted
+     "--trainer.max_step: unknown option (did you mean --trainer.max_steps?)"),
+    (GRPO, ["--ckpt_pat", "last"], "--ckpt_pat: unknown option (did you mean --ckpt_path?)"),
+    (GRPO, ["--model.init_args.loss_typ", "dapo"],
+     "--model.init_args.loss_typ: GRPOModule has no option loss_typ (did you mean --model.init_args.loss_type?)"),
+    (GRPO, ["--model.class_path", "GRPOModul"],
+     "--model.class_path: 'GRPOModul' is not a PolicyModule; use one of: PolicyModule, SFTModule, GRPOModule "
+     "(did you mean GRPOModule?)"),
+    (GRPO, ["--wandb", "maybe"], "--wandb: 'maybe' is not allowed; use one of: true, false"),
+    (GRPO, ["--model.init_args.num_generations", "abc"],
+     "--model.init_args.num_generations: expected an integer, got 'abc'"),
+    (GRPO, ["--data.init_args.batch_size", "x"], "--data.init_args.batch_size: expected an integer, got 'x'"),
+    (GRPO, ["--model.init_args.optimizer.lr", "x"],
+     "--model.init_args.optimizer.init_args.lr: expected a number, got 'x'"),
+    (GRPO, ["--model.init_args.optimizer", "torch.optim.Adamw"],
+     "--model.init_args.optimizer: expected a class or function: module 'torch.optim' has no attribute 'Adamw', "
+     "got 'torch.optim.Adamw' (did you mean torch.optim.AdamW?)"),
+]
+
+
+@pytest.mark.parametrize(("config", "args", "first"), PARSE_ERRORS, ids=[" ".join(a) for _, a, _ in PARSE_ERRORS])
+def test_parse_error_is_one_message(config, args, first, capsys):
+    lines = error_lines(["fit", "--config", config, *args, "--print_config"], capsys)
+    assert lines[0] == f"lit-llm: error: {first}"
+    assert lines[1:] == ["  (`lit-llm fit --help` lists the options; LIT_LLM_DEBUG=1 shows the parser's full "
+                         "message)"]
+
+
+def test_debug_env_keeps_jsonargparse_message(capsys, monkeypatch):
+    monkeypatch.setenv("LIT_LLM_DEBUG", "1")
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--config", GRPO, "--model.init_args.loss_type", "dapo2", "--print_config"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("usage: lit-llm [options] fit")
+    assert "Does not validate against any of the Union subtypes" in err and "lit-llm: error" not in err
+
+
+def build_error_lines(args: list[str]) -> list[str]:
+    """Run ``main(args)``: it must raise :class:`CLIConfigError` (the console prints it as ``lit-llm: error:``)."""
+    with pytest.raises(CLIConfigError) as exc:
+        main(args)
+    assert isinstance(exc.value, ValueError) and exc.value.__cause__ is not None
+    return str(exc.value).splitlines()
+
+
+def test_module_value_error_comes_first_with_its_option(tmp_path):
+    lines = build_error_lines(["fit", "--config", GRPO, "--model.init_args.num_generations", "1",
+                               "--trainer.max_steps", "0", "--trainer.default_root_dir", str(tmp_path)])
+    assert lines == ["GRPOModule: num_generations must be an integer >= 2, got 1.",
+                     "  (set by --model.init_args.num_generations 1; LIT_LLM_DEBUG=1 shows the traceback)"]
+
+
+def test_trainer_error_names_its_option(tmp_path):
+    lines = build_error_lines(["fit", "--config", SFT, "--trainer.accelerator", "gpuu", "--trainer.default_root_dir",
+                               str(tmp_path)])
+    assert lines[0].startswith("You selected an invalid accelerator name: `accelerator='gpuu'`. Available names are:")
+    assert lines[1] == "  (set by --trainer.accelerator gpuu; LIT_LLM_DEBUG=1 shows the traceback)"
+
+
+def test_module_value_error_with_debug_env_raises_it(monkeypatch):
+    monkeypatch.setenv("LIT_LLM_DEBUG", "1")
+    with pytest.raises(ValueError) as exc:
+        main(["fit", "--config", GRPO, "--model.init_args.num_generations", "1", "--trainer.max_steps", "0"])
+    chain = [exc.value, exc.value.__cause__]
+    assert any("num_generations must be an integer >= 2, got 1" in str(e) for e in chain)
+
+
+def test_console_script_prints_no_traceback(tmp_path):
+    """Through the real console entry (a fresh interpreter): exit 2, the module's text on stderr's first line."""
+    proc = subprocess.run([sys.executable, "-m", "lit_llm.cli_entry", "fit", "--config", GRPO,
+                           "--model.init_args.num_generations", "1", "--trainer.max_steps", "0"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        "lit-llm: error: GRPOModule: num_generations must be an integer >= 2, got 1.",
+        "  (set by --model.init_args.num_generations 1; LIT_LLM_DEBUG=1 shows the traceback)"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_grpo_module_in_help_and_model_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("known subclasses: lit_llm.lightning.PolicyModule, lit_llm.lightning.SFTModule, "
+            "lit_llm.lightning.grpo.GRPOModule") in out
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--model.help", "GRPOModule"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--model.num_generations" in out and "--model.loss_type" in out
+
+
+# -------------------------------------------------------------------------------------------- entry and help
+HELP_PROBE = """
+import json, sys
+sys.argv = ["lit-llm", *json.loads(sys.argv[1])]
+from lit_llm.cli_entry import console_main
+code = 0
+try:
+    console_main()
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "lightning", "lightning_fabric", "transformers"))
+print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], *[[name, "--help"] for name in cli_entry.EXTRA_COMMANDS]],
+                         ids=lambda a: " ".join(a))
+def test_help_imports_neither_torch_nor_lightning(args):
+    proc = subprocess.run([sys.executable, "-c", HELP_PROBE, json.dumps(args)], env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    result = json.loads(proc.stderr.splitlines()[-1])
+    assert result == {"code": 0, "heavy": []}, proc.stderr
+    usage = proc.stdout.splitlines()[0]
+    if args == ["--help"]:
+        commands = [*cli_entry.LIGHTNING_COMMANDS, *cli_entry.EXTRA_COMMANDS]
+        assert usage == "usage: lit-llm [-h] {" + ",".join(commands) + "} ..."
+        assert {"export", "plot"} <= set(commands)
+        for name, command in cli_entry.EXTRA_COMMANDS.items():
+            assert f"    {name}" in proc.stdout and command.summary in proc.stdout
+    else:
+        assert usage.startswith(f"usage: lit-llm {args[0]} ")
+
+
+def test_lightning_command_summaries_match_lightning():
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.cli import _get_short_description
+
+    assert list(cli_entry.LIGHTNING_COMMANDS) == list(LitLLMCLI.subcommands())
+    for name, summary in cli_entry.LIGHTNING_COMMANDS.items():
+        assert _get_short_description(getattr(Trainer, name)).startswith(summary)
+
+
+def test_no_command_and_unknown_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "lit-llm: error: give a command: fit, validate, test, predict, export, plot")
+    with pytest.raises(SystemExit) as exc:
+        main(["fitt", "--config", SFT])
+    assert exc.value.code == ("lit-llm: error: unknown command 'fitt'; use one of: fit, validate, test, predict, "
+                              "export, plot (did you mean fit?)")
+
+
+def test_export_errors_are_one_message(tmp_path, capsys, monkeypatch):
+    lines = error_lines(["export", "--ckpt_pat", "x.ckpt", "--out", str(tmp_path / "o")], capsys)
+    assert lines[0] == "lit-llm export: error: --ckpt_pat: unknown option (did you mean --ckpt_path?)"
+    # the console script: the export module's FileNotFoundError is one line, exit 2 (main() lets it propagate)
+    monkeypatch.setattr(sys, "argv", ["lit-llm", "export", "--ckpt_path", str(tmp_path / "nope.ckpt"), "--out",
+                                      str(tmp_path / "o")])
+    with pytest.raises(SystemExit) as exc:
+        cli_entry.console_main()
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("lit-llm export: error: checkpoint ") and "nope.ckpt" in lines[0]
+    assert lines[1:] == ["  (LIT_LLM_DEBUG=1 shows the traceback)"]
+
+
+def test_allowed_values_and_near():
+    assert allowed_values(Optional[Literal["sync", "async"]]) == (["sync", "async", "null"], [])  # noqa: UP045
+    assert allowed_values(bool) == (["true", "false"], [])
+    assert allowed_values(int | None) == (["null"], ["an integer"])
+    assert allowed_values(Literal[64, 32] | str) == (["64", "32"], ["a string"])
+    assert near("asynch", ["sync", "async"]) == ["async", "sync"]  # best first
+    assert near("asynch", ["sync", "async"], n=1) == ["async"]
+    assert near("ADAMW", ["AdamW", "SGD"]) == ["AdamW"]
+    assert near("zzz", ["sync", "async"]) == []
