@@ -114,9 +114,10 @@ def compute_advantages(
     group_mean = groups.mean(dim=1, keepdim=True)
     group_std = groups.std(dim=1, keepdim=True)
     zero_std = torch.isclose(group_std, torch.zeros_like(group_std))
-    adv = groups - group_mean
-    if advantage_estimator == "rloo":
-        adv = adv * (g / (g - 1))
+    if advantage_estimator == "rloo":  # the mean of the other G - 1 rewards
+        adv = groups - (groups.sum(dim=1, keepdim=True) - groups) / (g - 1)
+    else:
+        adv = groups - group_mean
     if advantage_estimator == "reinforce_plus_plus":
         if scale_rewards == "batch":
             adv = (adv - adv.mean()) / (adv.std() + eps)
