@@ -15,7 +15,9 @@ One training batch = the prompts of one optimizer step (:mod:`lit_llm.lightning.
    **log-prob version**'s ``get_dist`` on each gives the masked distribution over its completion tokens (each
    distinct prompt through the backbone once with ``share_prompts``, the chunked LM-head kernel, no ``[B, T, V]``
    logits); its ``log_prob_and_entropy`` feeds :class:`~lit_llm.objectives.GRPOObjective` (old log-probs = the
-   generation-time ones). :class:`~lit_llm.lightning.module.PolicyModule` runs one manual optimizer step over the
+   generation-time ones, or with ``old_log_probs: recompute`` the log-prob version's no-grad forward before the first
+   iteration; the generation-time ones stay as ``rollout_log_probs`` for the mismatch metrics and the correction).
+   :class:`~lit_llm.lightning.module.PolicyModule` runs one manual optimizer step over the
    micro-batches with the step count of the objective all-reduced over ranks before any backward pass.
    ``beta > 0`` adds the k3 KL to a frozen reference copy (built only then). ``num_iterations`` (μ) repeats the
    optimizer step μ times on the same rollouts (``global_step`` advances μ per batch).
@@ -25,7 +27,12 @@ One training batch = the prompts of one optimizer step (:mod:`lit_llm.lightning.
    ``train/entropy``, ``train/clip_ratio/{low,high,region}_mean``, ``train/ratio_mean`` (and this rank's
    ``train/ratio_{min,max}``), ``train/staleness``, ``train/dropped_rollouts``, ``time/{generation,rollout_wait,
    training,step}`` (s), ``train/tokens_per_sec`` (prompt + completion tokens of the trained rows / training time),
-   ``rollout/tokens_per_sec`` (generated tokens / generation time), ``train/grad_norm``, ``train/lr``. Every
+   ``rollout/tokens_per_sec`` (generated tokens / generation time), ``train/grad_norm``, ``train/lr``. Sampler/trainer
+   mismatch at the first iteration of each batch: ``train/mismatch/kl`` (k3 of generation-time vs trainer log-probs on
+   the same ids), this rank's ``train/mismatch/ratio_{min,max}`` (trainer / sampler probability),
+   ``train/first_iteration/ratio_{min,max}`` and ``train/first_iteration/clip_ratio`` (the GRPO ratio and its clipped
+   fraction: 1 and 0 with ``old_log_probs: recompute``), with a correction ``train/rollout_correction/
+   {corrected_fraction,weight_mean}``, with ``recompute`` ``time/recompute`` (s). Every
    ``log_samples_every`` steps a table of sampled completions with their rewards (``rollout_samples.csv`` in the
    log folder, and a wandb table). Under DDP the reward, per-function reward, ``frac_reward_zero_std`` and
    completion metrics cover every rank's completions (one ``all_gather`` per step); times,
@@ -52,19 +59,40 @@ from lit_llm.lightning.module import PolicyModule
 from lit_llm.lightning.tables import append_csv, log_table
 from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL, DType
-from lit_llm.objectives.grpo import GRPOObjective
+from lit_llm.objectives.correction import RolloutCorrection
+from lit_llm.objectives.grpo import LOSS_TYPES, GRPOObjective, compute_advantages
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
 from lit_llm.rollouts import RolloutBatch, RolloutEngine
 from lit_llm.rollouts.engine import RESERVED_KEYS, _mix_seed
 
-__all__ = ["DEFAULT_REWARDS", "GRPOModule"]
+__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_old_log_probs"]
 
 #: Shaped arithmetic reward (the base model rarely answers with just the number: format + answer).
 DEFAULT_REWARDS = ("lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
                    "lit_llm.rewards:strict_number_format_reward")
 
 RewardSpec = str | Callable[..., Any]
+
+
+def check_old_log_probs(old_log_probs: str, rollout_correction: str, rollout_mode: str) -> None:
+    """Check the old-log-prob source against the rollout correction and the rollout mode.
+
+    Raises:
+        ValueError: ``old_log_probs`` not ``rollout`` / ``recompute``; a ``rollout_correction`` without
+            ``old_log_probs: recompute`` (its weight is recomputed-old over generation-time probability); in async
+            mode, ``recompute`` without a correction (the ratio would start at 1 and hide the rollout's staleness).
+    """
+    if old_log_probs not in ("rollout", "recompute"):
+        raise ValueError(f"GRPOModule: old_log_probs must be 'rollout' (generation-time) or 'recompute' (the "
+                         f"training forward under no-grad), got {old_log_probs!r}.")
+    if rollout_correction != "none" and old_log_probs != "recompute":
+        raise ValueError(f"GRPOModule: rollout_correction={rollout_correction!r} weighs tokens by recomputed-old over "
+                         f"generation-time probability; set old_log_probs: recompute (or rollout_correction: none).")
+    if rollout_mode == "async" and old_log_probs == "recompute" and rollout_correction == "none":
+        raise ValueError("GRPOModule: rollout_mode async with old_log_probs: recompute and no rollout_correction "
+                         "would hide the rollouts' staleness (the ratio starts at 1 on the trainer's weights); set "
+                         "rollout_correction (e.g. token_truncate) or old_log_probs: rollout.")
 
 
 class GRPOModule(GreedyEvaluation, PolicyModule):
@@ -117,6 +145,22 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             same log-probs and gradients for about ``P * prompt + N * completion`` instead of
             ``N * (prompt + completion)`` backbone tokens. Turned off under ``gradient_checkpointing`` (which turns
             the cache off).
+        advantage_estimator: ``"grpo"`` (default), ``"rloo"`` (leave-one-out baseline) or ``"reinforce_plus_plus"``
+            (group baseline + batch normalisation; needs ``scale_rewards`` ``batch`` or ``none``); see
+            :func:`~lit_llm.objectives.compute_advantages` for how each combines with ``scale_rewards``.
+        importance_sampling_level: ``"token"`` (GRPO) or ``"sequence"`` (GSPO's length-normalised sequence ratio;
+            the paper clips it at ``epsilon: 3e-4``, ``epsilon_high: 4e-4``, which are not the defaults).
+        entropy_coef: entropy bonus ``- entropy_coef * H_t`` per loss token (0 = none; the entropy is then only logged).
+        old_log_probs: the ratio's denominator: ``"rollout"`` (generation-time log-probs; their agreement with the
+            teacher-forced ones is the fp32 1e-4 contract) or ``"recompute"`` (the training forward under no-grad
+            before the step's first iteration, so the first on-policy ratio is exactly 1 in bf16 too; one extra
+            forward per step, ``time/recompute``).
+        rollout_correction: ``"none"``, ``"token_truncate"``, ``"token_mask"``, ``"sequence_truncate"`` or
+            ``"sequence_mask"``: sampler/trainer importance weights (TIS / MIS, :mod:`lit_llm.objectives.correction`,
+            with the mapping to TRL's ``vllm_importance_sampling_*`` and verl's rollout IS); needs ``old_log_probs:
+            recompute``. In async mode ``recompute`` without a correction is an error (it would hide staleness).
+        rollout_correction_clip_max: the weight cap ``C`` (TRL's ``vllm_importance_sampling_cap``).
+        rollout_correction_clip_min: lower bound of the mask modes (``None``: ``1 / C``; 0: none).
 
     Raises:
         ValueError: invalid settings (named in the message); reward-function errors
@@ -129,7 +173,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  reward_funcs: Sequence[RewardSpec] = DEFAULT_REWARDS,
                  reward_weights: list[float] | None = None, num_generations: int = 8, max_new_tokens: int = 32,
                  temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None,
-                 loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = "dapo", epsilon: float = 0.2,
+                 loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo"] = "dapo", epsilon: float = 0.2,
                  epsilon_high: float | None = None, beta: float = 0.0,
                  scale_rewards: Literal["group", "batch", "none"] = "group",
                  mask_truncated_completions: bool = False, num_iterations: int = 1, micro_batch_size: int = 16,
@@ -140,7 +184,12 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  optimizer: OptimizerCallable = torch.optim.AdamW,
                  lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
                  on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
-                 chunk_size: int = 1024, share_prompts: bool = True) -> None:
+                 chunk_size: int = 1024, share_prompts: bool = True,
+                 advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus"] = "grpo",
+                 importance_sampling_level: Literal["token", "sequence"] = "token", entropy_coef: float = 0.0,
+                 old_log_probs: Literal["rollout", "recompute"] = "rollout",
+                 rollout_correction: RolloutCorrection = "none", rollout_correction_clip_max: float = 2.0,
+                 rollout_correction_clip_min: float | None = None) -> None:
         super().__init__(model, dtype=dtype, attn_implementation=attn_implementation, chat_template=chat_template,
                          chat_template_kwargs=chat_template_kwargs, optimizer=optimizer, lr_scheduler=lr_scheduler,
                          grad_clip=grad_clip, on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
@@ -155,8 +204,14 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                 raise ValueError(f"GRPOModule: {name} must be an integer >= {low}, got {value!r}.")
         if not temperature > 0:
             raise ValueError(f"GRPOModule: temperature must be > 0 (GRPO samples), got {temperature}.")
-        if loss_type not in ("dapo", "grpo", "dr_grpo", "bnpo"):
-            raise ValueError(f"GRPOModule: unknown loss_type {loss_type!r}; choose dapo, grpo, dr_grpo or bnpo.")
+        if loss_type not in LOSS_TYPES:
+            raise ValueError(f"GRPOModule: unknown loss_type {loss_type!r}; choose dapo, grpo, dr_grpo, bnpo or cispo.")
+        check_old_log_probs(old_log_probs, rollout_correction, rollout_mode)
+        try:  # the estimator's own checks (e.g. reinforce_plus_plus with scale_rewards: group), before any rollout
+            compute_advantages(torch.zeros(num_generations), num_generations, scale_rewards=scale_rewards,
+                               advantage_estimator=advantage_estimator)
+        except ValueError as e:
+            raise ValueError(f"GRPOModule: {e}") from e
         if rollout_mode not in ("sync", "async"):
             raise ValueError(f"GRPOModule: rollout_mode must be 'sync' or 'async', got {rollout_mode!r}.")
         if beta < 0:
@@ -179,7 +234,12 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         self.eval_rewards = RewardFunctions(list(eval_reward_funcs or reward_funcs))
         self.objective = GRPOObjective(loss_type=loss_type, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta,
                                        mask_truncated_completions=mask_truncated_completions,
-                                       max_completion_length=max_new_tokens)
+                                       max_completion_length=max_new_tokens,
+                                       importance_sampling_level=importance_sampling_level, entropy_coef=entropy_coef,
+                                       rollout_correction=rollout_correction,
+                                       rollout_correction_clip_max=rollout_correction_clip_max,
+                                       rollout_correction_clip_min=rollout_correction_clip_min)
+        self.old_log_probs = old_log_probs
         gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": True,
                                       "temperature": temperature}
         if top_p is not None:
@@ -191,7 +251,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         engine = RolloutEngine(policy, tokenizer=self.tokenizer, reward_fn=self.rewards,
                                num_generations=num_generations, scale_rewards=scale_rewards, seed=rollout_seed,
                                chat_template=chat_template, chat_template_kwargs=self.chat_template_kwargs,
-                               batching=batching, num_workers=rollout_workers)
+                               batching=batching, num_workers=rollout_workers, advantage_estimator=advantage_estimator)
         # The callback is a plain attribute (not an nn.Module): checkpoints hold the weights once; a reference copy
         # (beta > 0) is neither trained, checkpointed nor exported.
         self.versions = PolicyVersionSwitch(
@@ -204,6 +264,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         self._num_mbs = 1
         self._iter_stats: list[dict[str, Tensor]] = []
         self._ratio_range = (float("inf"), float("-inf"))  # this rank's ratio min / max over the batch's steps
+        self._first_ranges: dict[str, tuple[float, float]] = {}  # first iteration: GRPO ratio and mismatch ratio
+        self._iteration = 0
+        self._recompute_time = 0.0
 
     @property
     def engine(self) -> RolloutEngine:
@@ -277,9 +340,14 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         self._num_mbs = len(mbs)
         self._iter_stats = []
         self._ratio_range = (float("inf"), float("-inf"))
+        self._first_ranges = {}
         t_train = time.perf_counter()
+        if self.old_log_probs == "recompute":
+            mbs = [mb.with_old_log_probs(self.recompute_old_log_probs(mb)) for mb in mbs]
+        self._recompute_time = time.perf_counter() - t_train
         loss = None
-        for _ in range(self.num_iterations):
+        for iteration in range(self.num_iterations):
+            self._iteration = iteration
             loss = super().training_step({"micro_batches": mbs}, batch_idx)
         train_time = time.perf_counter() - t_train
         # the step: getting the rollout (the callback's sync generation + rewards, or the async wait) + training
@@ -297,27 +365,47 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
 
     def step_denominator(self, micro_batches: list[RolloutBatch]) -> Tensor:
         """This rank's share of the objective's step count (:meth:`GRPOObjective.local_count`)."""
-        return sum(self.objective.local_count(mb.loss_mask, mb.truncated) for mb in micro_batches)
+        return sum(self.objective.local_count(mb.loss_mask, mb.truncated, mb.old_log_probs, mb.rollout_log_probs)
+                   for mb in micro_batches)
+
+    @torch.no_grad()
+    def recompute_old_log_probs(self, mb: RolloutBatch) -> Tensor:
+        """``[N, Lc]`` float32 log-probs of ``mb``'s completions from the training forward under no-grad: the
+        log-prob version's ``get_dist`` in the same mode, precision context and kernel as :meth:`micro_batch_loss`,
+        so that the first on-policy iteration's ratio is exactly 1 (``old_log_probs: recompute``)."""
+        return self.versions.log_prob_version.get_dist(mb.policy_inputs()).log_prob(mb.completion_ids)
 
     def micro_batch_loss(self, mb: RolloutBatch, normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """The objective on the log-prob version's masked distribution of ``mb``'s completions."""
         inputs = mb.policy_inputs()
         dist = self.versions.log_prob_version.get_dist(inputs)
         log_probs, entropy = dist.log_prob_and_entropy(mb.completion_ids)
+        if self.objective.entropy_coef == 0:
+            entropy = entropy.detach()  # logged only
         ref = None
         if self.versions.reference_version is not None:
             with torch.no_grad():
                 ref = self.versions.reference_version.get_dist(inputs).log_prob(mb.completion_ids)
         loss, m = self.objective(log_probs, mb.old_log_probs, mb.advantage, mb.loss_mask, step_count=normalizer,
                                  num_micro_batches=self._num_mbs, world_size=self.world_size,
-                                 ref_log_probs=ref, entropy=entropy.detach(), truncated=mb.truncated)
-        n = m["num_tokens"]
+                                 ref_log_probs=ref, entropy=entropy, truncated=mb.truncated,
+                                 rollout_log_probs=mb.rollout_log_probs)
+        n, n0 = m["num_tokens"], m["mismatch/num_tokens"]
         stats = {"loss": m["loss"], "num_tokens": n, "num_real_tokens": self.micro_batch_real_tokens(mb),
                  "clip_low": m["clip_ratio/low_mean"] * n, "clip_high": m["clip_ratio/high_mean"] * n,
                  "clip_region": m["clip_ratio/region_mean"] * n, "ratio_sum": m["ratio_mean"] * n,
-                 "entropy_sum": m["entropy"] * n}
+                 "entropy_sum": m["entropy"] * n, "mismatch_kl_sum": m["mismatch/kl"] * n0, "mismatch_tokens": n0}
+        if "rollout_correction/weight_mean" in m:
+            stats["corrected_sum"] = m["rollout_correction/corrected_fraction"] * n0
+            stats["weight_sum"] = m["rollout_correction/weight_mean"] * n
         self._ratio_range = (min(self._ratio_range[0], float(m["ratio_min"])),
                              max(self._ratio_range[1], float(m["ratio_max"])))
+        if self._iteration == 0:
+            for key, prefix in (("ratio", ""), ("mismatch", "mismatch/")):
+                lo, hi = self._first_ranges.get(key, (float("inf"), float("-inf")))
+                if n0 > 0:
+                    lo, hi = min(lo, float(m[f"{prefix}ratio_min"])), max(hi, float(m[f"{prefix}ratio_max"]))
+                self._first_ranges[key] = (lo, hi)
         if "kl" in m:
             stats["kl_sum"] = m["kl"] * n
         return loss, stats
@@ -378,6 +466,18 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             })
             if "kl_sum" in it[0]:
                 log["train/kl"] = sum(s["kl_sum"] for s in it) / n
+            first, n_first = it[0], it[0]["num_tokens"].clamp(min=1)
+            n_mismatch = first["mismatch_tokens"].clamp(min=1)
+            log["train/mismatch/kl"] = first["mismatch_kl_sum"] / n_mismatch
+            log["train/first_iteration/clip_ratio"] = first["clip_region"] / n_first
+            for key, name in (("ratio", "first_iteration/ratio"), ("mismatch", "mismatch/ratio")):
+                lo, hi = self._first_ranges.get(key, (1.0, 1.0))
+                log[f"train/{name}_min"], log[f"train/{name}_max"] = (lo, hi) if lo <= hi else (1.0, 1.0)
+            if "corrected_sum" in first:
+                log["train/rollout_correction/corrected_fraction"] = first["corrected_sum"] / n_mismatch
+                log["train/rollout_correction/weight_mean"] = first["weight_sum"] / n_first
+            if self.old_log_probs == "recompute":
+                log["time/recompute"] = self._recompute_time
             if train_time > 0:
                 log["train/tokens_per_sec"] = sum(s["num_real_tokens"] for s in it) / train_time
         self.log_dict({k: torch.as_tensor(v, dtype=torch.float32) for k, v in log.items()}, on_step=True,

@@ -190,7 +190,8 @@ class PolicyVersionSwitch(Callback):
             tokenizer=e.tokenizer, reward_fn=e.reward_fn, num_generations=e.num_generations,
             scale_rewards=e.scale_rewards, seed=e.seed, chat_template=e.chat_template,
             chat_template_kwargs=e.chat_template_kwargs, batching=e.batching, num_workers=e.num_workers, rank=e.rank,
-            rollout_context=self.precision_context, trainer_state_fn=self.trainer_state)
+            rollout_context=self.precision_context, trainer_state_fn=self.trainer_state,
+            advantage_estimator=e.advantage_estimator)
         return self.async_rollouts
 
     def take_rollout(self, batch: Any, step: int) -> tuple[RolloutBatch | None, int, float]:

@@ -1,10 +1,15 @@
-"""GRPO maths: group-relative advantages and the per-token clipped surrogate with its four normalisations.
+"""GRPO maths: advantages (GRPO, RLOO, REINFORCE++) and the per-token surrogates (clipped PPO-style, GSPO's sequence
+ratio, CISPO) with their normalisations.
 
 Formulas follow DeepSeekMath (Shao et al. 2024, arXiv:2402.03300, eqs. 3-4) as implemented by TRL's
 ``GRPOTrainer`` (``_generate_and_score_completions`` for advantages, ``_compute_loss`` for the loss), with the
-clip-higher of DAPO (Yu et al. 2025, arXiv:2503.14476) and the Dr. GRPO denominator (Liu et al. 2025,
-arXiv:2503.20783). Per-token tensors are ``[B, T]`` aligned to ``tokens.full``; the completion mask selects the
-response tokens. See :mod:`lit_llm.objectives.reduction` for the step-normalisation contract (DESIGN.md property 6).
+clip-higher of DAPO (Yu et al. 2025, arXiv:2503.14476), the Dr. GRPO denominator (Liu et al. 2025,
+arXiv:2503.20783), GSPO's length-normalised sequence ratio (Zheng et al. 2025, arXiv:2507.18071), CISPO's clipped
+importance-weighted REINFORCE (MiniMax-M1, arXiv:2506.13585), the RLOO baseline (Ahmadian et al. 2024,
+arXiv:2402.14740) and REINFORCE++ (Hu 2025, arXiv:2501.03262). The sampler/trainer correction lives in
+:mod:`lit_llm.objectives.correction`. Per-token tensors are ``[B, T]`` aligned to ``tokens.full``; the completion
+mask selects the response tokens. See :mod:`lit_llm.objectives.reduction` for the step-normalisation contract
+(DESIGN.md property 6).
 """
 
 from __future__ import annotations
@@ -16,35 +21,59 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from lit_llm.objectives.correction import (
+    RolloutCorrection,
+    check_rollout_correction,
+    mismatch_metrics,
+    rollout_correction_weights,
+)
 from lit_llm.objectives.reduction import as_bool_mask, check_per_token, k3_kl, resolve_normalizer
 
-__all__ = ["GRPOObjective", "compute_advantages", "effective_completion_mask", "grpo_loss"]
+__all__ = ["ADVANTAGE_ESTIMATORS", "LOSS_TYPES", "GRPOObjective", "compute_advantages", "effective_completion_mask",
+           "grpo_loss"]
 
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo"]
 ScaleRewards = Literal["group", "batch", "none"]
+AdvantageEstimator = Literal["grpo", "rloo", "reinforce_plus_plus"]
+ImportanceSamplingLevel = Literal["token", "sequence"]
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
 
 
 def compute_advantages(
-    rewards: Tensor, num_generations: int, *, scale_rewards: ScaleRewards = "group", eps: float = 1e-4
+    rewards: Tensor, num_generations: int, *, scale_rewards: ScaleRewards = "group", eps: float = 1e-4,
+    advantage_estimator: AdvantageEstimator = "grpo",
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Group-relative advantages ``A_i = (r_i - mean(group)) / (std + eps)``.
+    """Per-completion advantages: a baseline from the prompt's group, then the ``scale_rewards`` divisor.
 
     Rows are grouped contiguously: rows ``[k*G, (k+1)*G)`` are the ``G = num_generations`` completions of prompt
     ``k``. ``std`` is the unbiased (n-1) standard deviation, as ``torch.std`` in TRL's
     ``_generate_and_score_completions``; ``eps = 1e-4`` is TRL's constant.
 
-    * ``"group"``: std of each group (DeepSeekMath, TRL default).
-    * ``"batch"``: centred per group, scaled by the std of the whole batch (TRL ``scale_rewards="batch"``).
-    * ``"none"``: centred only (Dr. GRPO).
+    Estimators (the baseline) and how each combines with ``scale_rewards`` (the divisor):
 
-    A group whose rewards are all equal (std ``isclose`` to 0) gets advantage exactly 0 and is counted in
-    ``frac_reward_zero_std`` (computed from the group std in every mode; TRL uses the batch std in ``"batch"`` mode).
+    * ``"grpo"`` (DeepSeekMath): ``c_i = r_i - mean(group)``; then ``"group"``: ``c_i / (std(group) + eps)`` (TRL
+      default), ``"batch"``: ``c_i / (std(all rewards) + eps)`` (TRL ``scale_rewards="batch"``), ``"none"``: ``c_i``
+      (Dr. GRPO).
+    * ``"rloo"`` (leave-one-out, Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740): ``c_i = r_i -
+      mean_{j != i} r_j = G / (G - 1) * (r_i - mean(group))``, then the same three divisors as ``"grpo"`` (so with
+      ``"group"`` it is ``G / (G - 1)`` times GRPO's advantage; ``"none"`` is TRL's ``RLOOTrainer`` without
+      ``normalize_advantages``).
+    * ``"reinforce_plus_plus"`` (REINFORCE++ with the group baseline, Hu 2025, arXiv:2501.03262, OpenRLHF's
+      ``reinforce_baseline``): ``c_i = r_i - mean(group)``, then batch normalisation of those ``c``: ``"batch"``:
+      ``(c_i - mean(c)) / (std(c) + eps)`` over every completion of the batch (one row = one completion; verl whitens
+      per token instead); ``"none"``: ``c_i`` only. ``"group"`` is an error: the estimator's divisor is the batch's.
+
+    A group whose rewards are all equal (std ``isclose`` to 0) gets advantage exactly 0 under every estimator and is
+    counted in ``frac_reward_zero_std`` (computed from the group std in every mode; TRL uses the batch std in
+    ``"batch"`` mode).
 
     Args:
         rewards: ``[N]`` float, total reward per completion, ``N = num_prompts * num_generations``.
         num_generations: group size ``G`` (>= 2).
         scale_rewards: ``"group"``, ``"batch"`` or ``"none"``.
         eps: added to the std before dividing.
+        advantage_estimator: ``"grpo"``, ``"rloo"`` or ``"reinforce_plus_plus"``.
 
     Returns:
         ``(advantages, stats)``: ``advantages`` ``[N]`` float32 (no grad). ``stats`` holds 0-d float32 tensors
@@ -53,7 +82,8 @@ def compute_advantages(
 
     Raises:
         ValueError: ``num_generations < 2``; ``N`` not divisible by ``num_generations``; ``rewards`` not 1-D or
-            holding NaN/inf; unknown ``scale_rewards``; negative ``eps``.
+            holding NaN/inf; unknown ``scale_rewards`` or ``advantage_estimator``; ``reinforce_plus_plus`` with
+            ``scale_rewards="group"``; negative ``eps``.
     """
     if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
         raise ValueError(f"num_generations must be an int >= 2 (a group needs 2 completions to have a std), got "
@@ -66,6 +96,12 @@ def compute_advantages(
                          f"{num_generations}; the batch must hold num_generations completions per prompt.")
     if scale_rewards not in ("group", "batch", "none"):
         raise ValueError(f"Unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or 'none'.")
+    if advantage_estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"Unknown advantage_estimator {advantage_estimator!r}; choose 'grpo', 'rloo' or "
+                         f"'reinforce_plus_plus'.")
+    if advantage_estimator == "reinforce_plus_plus" and scale_rewards == "group":
+        raise ValueError("advantage_estimator='reinforce_plus_plus' normalises over the batch (its definition); set "
+                         "scale_rewards to 'batch' (REINFORCE++) or 'none' (group baseline only).")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps!r}.")
     r = rewards.detach().float()
@@ -73,12 +109,19 @@ def compute_advantages(
     if bad:
         raise ValueError(f"rewards holds non-finite values at sample indices {bad}; a reward function returned "
                          f"NaN/inf (RewardFunctions names the function).")
-    groups = r.view(-1, num_generations)
+    g = num_generations
+    groups = r.view(-1, g)
     group_mean = groups.mean(dim=1, keepdim=True)
     group_std = groups.std(dim=1, keepdim=True)
     zero_std = torch.isclose(group_std, torch.zeros_like(group_std))
-    adv = groups - group_mean
-    if scale_rewards == "group":
+    if advantage_estimator == "rloo":  # the mean of the other G - 1 rewards
+        adv = groups - (groups.sum(dim=1, keepdim=True) - groups) / (g - 1)
+    else:
+        adv = groups - group_mean
+    if advantage_estimator == "reinforce_plus_plus":
+        if scale_rewards == "batch":
+            adv = (adv - adv.mean()) / (adv.std() + eps)
+    elif scale_rewards == "group":
         adv = adv / (group_std + eps)
     elif scale_rewards == "batch":
         adv = adv / (r.std() + eps)
@@ -127,6 +170,23 @@ def _masked_mean(x: Tensor, mask: Tensor, count: Tensor) -> Tensor:
     return torch.where(mask, x, torch.zeros_like(x)).sum().detach().float() / count
 
 
+def _check_loss_settings(loss_type: str, importance_sampling_level: str, epsilon: float, epsilon_high: float | None,
+                         beta: float, entropy_coef: float) -> None:
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"Unknown loss_type {loss_type!r}; choose one of {', '.join(LOSS_TYPES)}.")
+    if importance_sampling_level not in ("token", "sequence"):
+        raise ValueError(f"Unknown importance_sampling_level {importance_sampling_level!r}; choose 'token' (GRPO) or "
+                         f"'sequence' (GSPO).")
+    for name, v in (("epsilon", epsilon), ("epsilon_high", epsilon if epsilon_high is None else epsilon_high),
+                    ("beta", beta), ("entropy_coef", entropy_coef)):
+        if isinstance(v, bool) or not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}.")
+    if loss_type == "cispo" and (epsilon_high is None or epsilon_high <= 0):
+        raise ValueError(f"loss_type='cispo' needs epsilon_high > 0: it is CISPO's eps_max, the cap of the "
+                         f"importance weight min(ratio, epsilon_high) (TRL; ScaleRL uses 4-5), got {epsilon_high!r}; "
+                         f"set epsilon_high, e.g. 5.0.")
+
+
 def grpo_loss(
     log_probs: Tensor,
     old_log_probs: Tensor,
@@ -144,12 +204,36 @@ def grpo_loss(
     max_completion_length: int | None = None,
     num_items_in_batch: float | int | Tensor | None = None,
     num_sequences_in_batch: float | int | Tensor | None = None,
+    importance_sampling_level: ImportanceSamplingLevel = "token",
+    entropy_coef: float = 0.0,
+    rollout_log_probs: Tensor | None = None,
+    rollout_correction: RolloutCorrection = "none",
+    rollout_correction_clip_max: float = 2.0,
+    rollout_correction_clip_min: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token clipped surrogate of GRPO (TRL ``GRPOTrainer._compute_loss``, token-level importance sampling).
+    """Per-token GRPO-family surrogate (TRL ``GRPOTrainer._compute_loss``) with its loss type's denominator.
 
-    ``ratio = exp(logp - old_logp)``; ``loss_t = -min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon_high) * A)
-    + beta * k3_t`` with ``k3 = exp(ref - logp) - (ref - logp) - 1``. Denominators, all counted on the mask **after**
-    truncation masking (``M`` = that mask, ``S`` = the sum of ``M * loss_t``):
+    Let ``M`` be the loss mask: the completion mask after truncation masking and, with a ``*_mask``
+    ``rollout_correction``, after the tokens the correction drops. The importance ratio is
+
+    * ``importance_sampling_level="token"`` (GRPO): ``r_t = exp(logp_t - old_t)``;
+    * ``"sequence"`` (GSPO, arXiv:2507.18071 eq. 7): ``s_i = exp(sum_t M (logp_t - old_t) / max(1, sum_t M))`` for
+      every token of row ``i`` (length-normalised, with gradient; TRL's ``importance_sampling_level="sequence"``).
+      The paper clips it at ``epsilon = 3e-4``, ``epsilon_high = 4e-4`` (its section 5.1): a length-normalised ratio
+      stays within ~1e-3 of 1. The defaults stay TRL's token-level ``0.2``, which GSPO then practically never clips:
+      set both for GSPO (the defaults are not switched by the level so that one knob never changes another's meaning).
+
+    The per-token policy term ``pg_t`` is, with ``A`` the row's advantage:
+
+    * every ``loss_type`` but ``"cispo"``: ``-min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A)``;
+    * ``"cispo"`` (MiniMax-M1, arXiv:2506.13585 eq. 4; TRL ``loss_type="cispo"``): ``-sg(min(r, epsilon_high)) A
+      logp_t`` -- the stop-gradient, clipped importance weight times the log-prob, so every token keeps a gradient;
+      ``epsilon_high`` is CISPO's ``eps_max`` (the cap itself, as in TRL; no lower bound), and is required.
+
+    ``loss_t = w_t pg_t + beta k3_t - entropy_coef H_t`` with ``w_t`` the rollout correction weight
+    (:func:`~lit_llm.objectives.correction.rollout_correction_weights`, 1 without), ``k3 = exp(ref - logp) - (ref -
+    logp) - 1`` and ``H_t`` the entropy of the policy's distribution at ``t`` (an entropy bonus). Denominators (``S``
+    = the sum of ``M * loss_t``):
 
     * ``"grpo"``: ``sum_i (sum_t M loss / max(1, sum_t M)) / num_sequences_in_batch`` — per-sequence token mean,
       then the mean over the step's sequences (DeepSeekMath eq. 3; TRL divides the micro-batch mean by the
@@ -157,8 +241,9 @@ def grpo_loss(
     * ``"bnpo"``: ``S / max(1, local sum of M)`` — local micro-batch token count, by definition (TRL). The value is a
       micro-batch mean: average it over micro-batches and ranks (Lightning's and DDP's own averaging do exactly that).
     * ``"dr_grpo"``: ``S / (num_sequences_in_batch * max_completion_length)`` — a constant (Dr. GRPO).
-    * ``"dapo"`` (default): ``S / num_items_in_batch`` — the token count of the whole optimizer step, all
-      micro-batches and ranks (DAPO's token-level loss; TRL's ``num_items_in_batch``).
+    * ``"dapo"`` (default) and ``"cispo"``: ``S / num_items_in_batch`` — the token count of the whole optimizer step,
+      all micro-batches and ranks (DAPO's token-level loss, CISPO's ``1 / sum_i |o_i|``; TRL's
+      ``num_items_in_batch``).
 
     ``num_items_in_batch`` / ``num_sequences_in_batch`` default to this micro-batch's counts (correct only without
     accumulation on one rank). With step-level counts the losses of a step's micro-batches **sum** to the step loss;
@@ -167,37 +252,55 @@ def grpo_loss(
 
     Args:
         log_probs: ``[B, T]`` float32 log-probs of the sampled tokens under the trained policy (with grad).
-        old_log_probs: ``[B, T]`` float32 log-probs at generation time (no grad); equal to ``log_probs`` on the first
-            iteration of on-policy data, so ``ratio == 1``.
+        old_log_probs: ``[B, T]`` float32 log-probs of the ratio's denominator (no grad): the generation-time ones
+            (``old_log_probs: rollout``) or the trainer's no-grad recompute before the step (``recompute``); equal to
+            ``log_probs`` on the first iteration of on-policy data with ``recompute``, so ``ratio == 1``.
         advantages: ``[B]`` float, one per completion (see :func:`compute_advantages`).
         completion_mask: ``[B, T]`` bool, True on response tokens (stop token included).
-        loss_type: ``"grpo"``, ``"bnpo"``, ``"dr_grpo"`` or ``"dapo"``.
-        epsilon: lower clip ``1 - epsilon`` (and upper when ``epsilon_high`` is None). TRL default 0.2.
-        epsilon_high: upper clip ``1 + epsilon_high`` (DAPO clip-higher, e.g. 0.28).
+        loss_type: ``"grpo"``, ``"bnpo"``, ``"dr_grpo"``, ``"dapo"`` or ``"cispo"``.
+        epsilon: lower clip ``1 - epsilon`` (and upper when ``epsilon_high`` is None). TRL default 0.2. Unused by
+            ``"cispo"``.
+        epsilon_high: upper clip ``1 + epsilon_high`` (DAPO clip-higher, e.g. 0.28); ``"cispo"``: the weight cap.
         beta: KL coefficient; > 0 requires ``ref_log_probs``.
         ref_log_probs: ``[B, T]`` float32 log-probs of the frozen reference policy; ``kl`` is reported when given.
-        entropy: ``[B, T]`` float per-token entropies of the policy, reported as ``entropy`` when given.
+        entropy: ``[B, T]`` float per-token entropies of the policy, reported as ``entropy`` when given; with grad
+            when ``entropy_coef > 0``.
         truncated: ``[B]`` bool, completions that hit ``max_new_tokens``.
         mask_truncated_completions: exclude truncated completions from the loss and every denominator.
         max_completion_length: ``max_new_tokens``; required by ``"dr_grpo"``.
-        num_items_in_batch: step-level token count for ``"dapo"`` (after truncation masking).
+        num_items_in_batch: step-level token count for ``"dapo"`` / ``"cispo"`` (after every mask).
         num_sequences_in_batch: step-level sequence count for ``"grpo"`` and ``"dr_grpo"``.
+        importance_sampling_level: ``"token"`` or ``"sequence"`` (GSPO).
+        entropy_coef: entropy bonus coefficient (>= 0; needs ``entropy`` with grad).
+        rollout_log_probs: ``[B, T]`` generation-time log-probs; when given, the sampler/trainer mismatch metrics are
+            reported (:func:`~lit_llm.objectives.correction.mismatch_metrics` of ``log_probs``; meaningful at the first
+            iteration). Required by ``rollout_correction``.
+        rollout_correction: ``"none"``, ``"token_truncate"``, ``"token_mask"``, ``"sequence_truncate"`` or
+            ``"sequence_mask"`` (:mod:`lit_llm.objectives.correction`): weights ``old / rollout``; ``old_log_probs``
+            should then be the recomputed ones.
+        rollout_correction_clip_max, rollout_correction_clip_min: the weight's bounds (see the correction module).
 
     Returns:
         ``(loss, metrics)``: 0-d ``loss`` with grad; ``metrics`` of detached 0-d float32 tensors, local token means
         over ``M``: ``loss``, ``clip_ratio/low_mean`` (``ratio < 1 - epsilon`` and ``A < 0``),
-        ``clip_ratio/high_mean`` (``ratio > 1 + epsilon_high`` and ``A > 0``), ``clip_ratio/region_mean`` (either),
-        ``ratio_mean``, ``ratio_min``, ``ratio_max`` (1 when ``M`` is empty), ``kl`` and ``entropy`` (when given),
-        ``num_tokens`` (local sum of ``M``), ``normalizer`` (the denominator used).
+        ``clip_ratio/high_mean`` (``ratio > 1 + epsilon_high`` and ``A > 0``; ``"cispo"``: ``ratio > epsilon_high``),
+        ``clip_ratio/region_mean`` (either), ``ratio_mean``, ``ratio_min``, ``ratio_max`` (of the importance ratio
+        used, sequence-level for GSPO; 1 when ``M`` is empty), ``kl`` and ``entropy`` (when given), ``num_tokens``
+        (local sum of ``M``), ``normalizer`` (the denominator used); with ``rollout_log_probs`` the ``mismatch/*``
+        metrics over the loss tokens before the correction's masking; with a correction
+        ``rollout_correction/weight_mean`` (over ``M``) and ``rollout_correction/corrected_fraction`` (tokens capped
+        or dropped, over the tokens before masking).
 
     Raises:
-        ValueError: unknown ``loss_type``; shape mismatches; non-finite advantages; negative ``epsilon``/``beta``;
-            ``beta > 0`` without ``ref_log_probs``; ``"dr_grpo"`` without ``max_completion_length``;
-            ``mask_truncated_completions`` without ``truncated``; a step count below the local count.
+        ValueError: unknown ``loss_type`` / level / correction; shape mismatches; non-finite advantages; negative
+            ``epsilon``/``beta``/``entropy_coef``; ``"cispo"`` without ``epsilon_high``; ``beta > 0`` without
+            ``ref_log_probs``; ``entropy_coef > 0`` without ``entropy`` that carries a gradient; ``"dr_grpo"`` without
+            ``max_completion_length``; ``mask_truncated_completions`` without ``truncated``; a correction without
+            ``rollout_log_probs``; a step count below the local count.
         TypeError: log-probs not floating point, masks not bool.
     """
-    if loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo"):
-        raise ValueError(f"Unknown loss_type {loss_type!r}; choose 'grpo', 'bnpo', 'dr_grpo' or 'dapo'.")
+    _check_loss_settings(loss_type, importance_sampling_level, epsilon, epsilon_high, beta, entropy_coef)
+    check_rollout_correction(rollout_correction, rollout_correction_clip_max, rollout_correction_clip_min)
     check_per_token(log_probs, name="log_probs")
     check_per_token(old_log_probs, name="old_log_probs", shape=log_probs.shape)
     mask = effective_completion_mask(
@@ -212,27 +315,62 @@ def grpo_loss(
         raise ValueError("advantages holds NaN/inf; check the rewards fed to compute_advantages.")
     eps_low = epsilon
     eps_high = epsilon if epsilon_high is None else epsilon_high
-    for name, v in (("epsilon", eps_low), ("epsilon_high", eps_high), ("beta", beta)):
-        if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}.")
     if beta > 0 and ref_log_probs is None:
         raise ValueError(f"beta={beta} > 0 needs ref_log_probs ([B, T] log-probs of the frozen reference policy); "
                          f"pass them or set beta=0.")
+    if entropy_coef > 0 and (entropy is None or (log_probs.requires_grad and not entropy.requires_grad)):
+        raise ValueError(f"entropy_coef={entropy_coef} > 0 needs entropy ([B, T] per-token entropies of the policy "
+                         f"with their gradient, e.g. dist.log_prob_and_entropy); pass it undetached or set "
+                         f"entropy_coef=0.")
     if loss_type == "dr_grpo" and (not isinstance(max_completion_length, int) or max_completion_length < 1):
         raise ValueError(f"loss_type='dr_grpo' needs max_completion_length (int >= 1, the max_new_tokens of "
                          f"generation), got {max_completion_length!r}.")
+    if rollout_log_probs is not None:
+        check_per_token(rollout_log_probs, name="rollout_log_probs", shape=log_probs.shape)
+    elif rollout_correction != "none":
+        raise ValueError(f"rollout_correction={rollout_correction!r} needs rollout_log_probs ([B, T] generation-time "
+                         f"log-probs of the sampled ids); pass them or set rollout_correction='none'.")
+
+    extra: dict[str, Tensor] = {}
+    weight = None
+    if rollout_log_probs is not None:
+        extra.update(mismatch_metrics(log_probs, rollout_log_probs, mask))
+    if rollout_correction != "none":
+        corr = rollout_correction_weights(old_log_probs, rollout_log_probs, mask, mode=rollout_correction,
+                                          clip_max=rollout_correction_clip_max,
+                                          clip_min=rollout_correction_clip_min)
+        extra["rollout_correction/corrected_fraction"] = (corr.corrected.sum().float()
+                                                          / mask.sum().float().clamp(min=1.0))
+        mask, weight = corr.keep, corr.weight.to(log_probs.dtype)
 
     adv = advantages.detach().to(log_probs.dtype)[:, None]
     log_ratio = torch.where(mask, log_probs - old_log_probs.detach(), torch.zeros_like(log_probs))
+    if importance_sampling_level == "sequence":
+        seq = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+        log_ratio = seq.expand_as(log_probs)
     ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    per_token = -torch.minimum(ratio * adv, clipped * adv)
+    if loss_type == "cispo":
+        lp = torch.where(mask, log_probs, torch.zeros_like(log_probs))
+        per_token = -torch.clamp(ratio, max=eps_high).detach() * adv * lp
+        low = torch.zeros_like(mask)
+        high = ratio > eps_high
+    else:
+        clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+        per_token = -torch.minimum(ratio * adv, clipped * adv)
+        low = (ratio < 1.0 - eps_low) & (adv < 0)
+        high = (ratio > 1.0 + eps_high) & (adv > 0)
+    if weight is not None:
+        per_token = per_token * weight
     kl = None
     if ref_log_probs is not None:
         check_per_token(ref_log_probs, name="ref_log_probs", shape=log_probs.shape)
         kl = k3_kl(log_probs, ref_log_probs, mask)
         if beta > 0:
             per_token = per_token + beta * kl
+    if entropy is not None:
+        check_per_token(entropy, name="entropy", shape=log_probs.shape)
+        if entropy_coef > 0:
+            per_token = per_token - entropy_coef * torch.where(mask, entropy, torch.zeros_like(entropy))
     per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
 
     seq_counts = mask.sum(-1)
@@ -253,8 +391,6 @@ def grpo_loss(
         loss = per_token.sum() / denom
 
     count = num_tokens.float().clamp(min=1.0)
-    low = (ratio < 1.0 - eps_low) & (adv < 0)
-    high = (ratio > 1.0 + eps_high) & (adv > 0)
     r_det = ratio.detach()
     empty = num_tokens.item() == 0
     one = torch.ones((), device=log_probs.device)
@@ -268,11 +404,13 @@ def grpo_loss(
         "ratio_max": r_det[mask].max().float() if not empty else one,
         "num_tokens": num_tokens.float(),
         "normalizer": denom.detach().float(),
+        **extra,
     }
+    if weight is not None:
+        metrics["rollout_correction/weight_mean"] = _masked_mean(weight, mask, count) if not empty else one
     if kl is not None:
         metrics["kl"] = _masked_mean(kl, mask, count)
     if entropy is not None:
-        check_per_token(entropy, name="entropy", shape=log_probs.shape)
         metrics["entropy"] = _masked_mean(entropy, mask, count)
     return loss, metrics
 
@@ -285,24 +423,31 @@ class GRPOObjective:
 
     Usage for one optimizer step over micro-batches ``mb_1..mb_k`` on ``W`` ranks::
 
-        count = sum(objective.local_count(mb.loss_mask, mb.truncated) for mb in mbs)   # then all-reduce (sum)
+        count = sum(objective.local_count(mb.loss_mask, mb.truncated, mb.old_log_probs, mb.rollout_log_probs)
+                    for mb in mbs)   # then all-reduce (sum)
         for mb in mbs:
             loss, metrics = objective(log_probs, mb.old_log_probs, mb.advantage, mb.loss_mask, step_count=count,
-                                      num_micro_batches=k, world_size=W, truncated=mb.truncated)
+                                      num_micro_batches=k, world_size=W, truncated=mb.truncated,
+                                      rollout_log_probs=mb.rollout_log_probs)
 
-    Step counts (the denominator each ``loss_type`` states in :func:`grpo_loss`): ``dapo`` and ``bnpo`` count loss
-    tokens after truncation masking, ``grpo`` and ``dr_grpo`` count sequences (rows). ``bnpo`` is a local mean by
-    definition: its micro-batch loss is divided by ``num_micro_batches * world_size`` so that the step loss is the
-    mean of the micro-batch means over micro-batches and ranks (the caller multiplies by ``world_size`` to undo DDP's
-    gradient averaging, as for every loss type).
+    Step counts (the denominator each ``loss_type`` states in :func:`grpo_loss`): ``dapo``, ``cispo`` and ``bnpo``
+    count loss tokens after truncation masking and the rollout correction's masking, ``grpo`` and ``dr_grpo`` count
+    sequences (rows). ``bnpo`` is a local mean by definition: its micro-batch loss is divided by ``num_micro_batches *
+    world_size`` so that the step loss is the mean of the micro-batch means over micro-batches and ranks (the caller
+    multiplies by ``world_size`` to undo DDP's gradient averaging, as for every loss type).
 
     Attributes:
-        loss_type: ``"dapo"``, ``"grpo"``, ``"dr_grpo"`` or ``"bnpo"`` (see :func:`grpo_loss`).
+        loss_type: ``"dapo"``, ``"grpo"``, ``"dr_grpo"``, ``"bnpo"`` or ``"cispo"`` (see :func:`grpo_loss`).
         epsilon: lower clip ``1 - epsilon`` (and the upper one when ``epsilon_high`` is ``None``).
-        epsilon_high: upper clip ``1 + epsilon_high`` (DAPO clip-higher).
+        epsilon_high: upper clip ``1 + epsilon_high`` (DAPO clip-higher); CISPO's weight cap ``eps_max``.
         beta: k3 KL coefficient (> 0 needs reference log-probs).
         mask_truncated_completions: drop truncated completions from the loss and every count (DAPO).
         max_completion_length: ``max_new_tokens`` of generation (``dr_grpo``'s constant denominator).
+        importance_sampling_level: ``"token"`` (GRPO) or ``"sequence"`` (GSPO).
+        entropy_coef: entropy bonus coefficient.
+        rollout_correction: sampler/trainer correction (:mod:`lit_llm.objectives.correction`).
+        rollout_correction_clip_max: the weight cap ``C``.
+        rollout_correction_clip_min: lower bound of the mask modes (``None``: ``1 / C``).
     """
 
     loss_type: LossType = "dapo"
@@ -311,33 +456,61 @@ class GRPOObjective:
     beta: float = 0.0
     mask_truncated_completions: bool = False
     max_completion_length: int | None = None
+    importance_sampling_level: ImportanceSamplingLevel = "token"
+    entropy_coef: float = 0.0
+    rollout_correction: RolloutCorrection = "none"
+    rollout_correction_clip_max: float = 2.0
+    rollout_correction_clip_min: float | None = None
 
     def __post_init__(self) -> None:
-        if self.loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo"):
-            raise ValueError(f"Unknown loss_type {self.loss_type!r}; choose 'grpo', 'bnpo', 'dr_grpo' or 'dapo'.")
+        _check_loss_settings(self.loss_type, self.importance_sampling_level, self.epsilon, self.epsilon_high,
+                             self.beta, self.entropy_coef)
+        check_rollout_correction(self.rollout_correction, self.rollout_correction_clip_max,
+                                 self.rollout_correction_clip_min)
 
-    def local_count(self, loss_mask: Tensor, truncated: Tensor | None = None) -> Tensor:
-        """This micro-batch's share of the step denominator: loss tokens after truncation masking (``dapo``,
+    def loss_tokens(self, loss_mask: Tensor, truncated: Tensor | None = None, old_log_probs: Tensor | None = None,
+                    rollout_log_probs: Tensor | None = None) -> Tensor:
+        """``[B, T]`` bool: the tokens that enter the loss and its token counts: ``loss_mask`` after truncation
+        masking and, with a ``*_mask`` rollout correction, after the tokens it drops.
+
+        Raises:
+            ValueError: a mask correction without ``old_log_probs`` and ``rollout_log_probs``.
+        """
+        mask = effective_completion_mask(loss_mask, truncated, self.mask_truncated_completions)
+        if self.rollout_correction.endswith("_mask"):
+            if old_log_probs is None or rollout_log_probs is None:
+                raise ValueError(f"rollout_correction={self.rollout_correction!r} drops tokens from the step count: "
+                                 f"pass old_log_probs and rollout_log_probs to local_count.")
+            mask = rollout_correction_weights(old_log_probs, rollout_log_probs, mask, mode=self.rollout_correction,
+                                              clip_max=self.rollout_correction_clip_max,
+                                              clip_min=self.rollout_correction_clip_min).keep
+        return mask
+
+    def local_count(self, loss_mask: Tensor, truncated: Tensor | None = None, old_log_probs: Tensor | None = None,
+                    rollout_log_probs: Tensor | None = None) -> Tensor:
+        """This micro-batch's share of the step denominator: loss tokens (:meth:`loss_tokens`; ``dapo``, ``cispo``,
         ``bnpo``) or rows (``grpo``, ``dr_grpo``), a 0-d tensor on ``loss_mask``'s device.
 
         Args:
             loss_mask: ``[B, T]`` bool, the completion tokens that enter the loss.
             truncated: ``[B]`` bool (needed with ``mask_truncated_completions``).
+            old_log_probs, rollout_log_probs: ``[B, T]`` (needed with a ``*_mask`` rollout correction).
         """
         if self.loss_type in ("grpo", "dr_grpo"):
             return torch.tensor(loss_mask.shape[0], device=loss_mask.device)
-        return effective_completion_mask(loss_mask, truncated, self.mask_truncated_completions).sum()
+        return self.loss_tokens(loss_mask, truncated, old_log_probs, rollout_log_probs).sum()
 
     def __call__(self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
                  step_count: Tensor | float | int, num_micro_batches: int = 1, world_size: int = 1,
                  ref_log_probs: Tensor | None = None, entropy: Tensor | None = None,
-                 truncated: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                 truncated: Tensor | None = None,
+                 rollout_log_probs: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """:func:`grpo_loss` of one micro-batch with the step-level ``step_count`` (sum of :meth:`local_count` over
         the step's micro-batches and ranks) passed as the right denominator for :attr:`loss_type`.
 
         Args:
-            log_probs, old_log_probs, advantages, ref_log_probs, entropy, truncated: see :func:`grpo_loss`
-                (``[B, T]`` / ``[B]``).
+            log_probs, old_log_probs, advantages, ref_log_probs, entropy, truncated, rollout_log_probs: see
+                :func:`grpo_loss` (``[B, T]`` / ``[B]``).
             loss_mask: ``[B, T]`` bool completion tokens of the loss (``completion_mask`` of :func:`grpo_loss`).
             step_count: the step's count (tokens or sequences, see the class docstring).
             num_micro_batches: micro-batches of the step on this rank (``bnpo`` only).
@@ -346,13 +519,17 @@ class GRPOObjective:
         Returns:
             ``(loss, metrics)`` as :func:`grpo_loss`; ``metrics["loss"]`` is the rescaled loss for ``bnpo``.
         """
-        counts = {"dapo": {"num_items_in_batch": step_count}, "grpo": {"num_sequences_in_batch": step_count},
-                  "dr_grpo": {"num_sequences_in_batch": step_count}, "bnpo": {}}[self.loss_type]
+        counts = {"dapo": {"num_items_in_batch": step_count}, "cispo": {"num_items_in_batch": step_count},
+                  "grpo": {"num_sequences_in_batch": step_count}, "dr_grpo": {"num_sequences_in_batch": step_count},
+                  "bnpo": {}}[self.loss_type]
         loss, metrics = grpo_loss(
             log_probs, old_log_probs, advantages, loss_mask, loss_type=self.loss_type, epsilon=self.epsilon,
             epsilon_high=self.epsilon_high, beta=self.beta, ref_log_probs=ref_log_probs, entropy=entropy,
             truncated=truncated, mask_truncated_completions=self.mask_truncated_completions,
-            max_completion_length=self.max_completion_length, **counts)
+            max_completion_length=self.max_completion_length, importance_sampling_level=self.importance_sampling_level,
+            entropy_coef=self.entropy_coef, rollout_log_probs=rollout_log_probs,
+            rollout_correction=self.rollout_correction, rollout_correction_clip_max=self.rollout_correction_clip_max,
+            rollout_correction_clip_min=self.rollout_correction_clip_min, **counts)
         if self.loss_type == "bnpo":  # a local mean: average it over the step's micro-batches and ranks
             loss = loss / (num_micro_batches * world_size)
             metrics["loss"] = loss.detach().float()

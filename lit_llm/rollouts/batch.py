@@ -17,7 +17,11 @@ field                  shape / dtype    meaning
 ``loss_mask``          [N, Lc] bool     completion tokens that enter the loss (all of them for single-turn rollouts;
                                         truncation masking is the objective's, ``mask_truncated_completions``)
 ``prompt_index``       [N] long         row -> its prompt in ``prompt_ids``
-``old_log_probs``      [N, Lc] float32  generation-time ``log p(c_t | prompt, c_<t)`` (0.0 at padding)
+``old_log_probs``      [N, Lc] float32  the GRPO ratio's denominator: generation-time ``log p(c_t | prompt, c_<t)``
+                                        (0.0 at padding) as built; replaced by the trainer's no-grad recompute with
+                                        ``old_log_probs: recompute`` (:meth:`RolloutBatch.with_old_log_probs`)
+``rollout_log_probs``  [N, Lc] float32  generation-time log-probs, never replaced (the sampler's side of the
+                                        mismatch metrics and of the rollout correction)
 ``reward``             [N] float32      weighted total reward
 ``advantage``          [N] float32      group-relative advantage (TorchRL's key name)
 ``truncated``          [N] bool         the completion hit ``max_new_tokens`` without a stop token
@@ -64,6 +68,7 @@ class RolloutBatch(TensorClass["nocast"]):
     loss_mask: Tensor
     prompt_index: Tensor
     old_log_probs: Tensor
+    rollout_log_probs: Tensor
     reward: Tensor
     advantage: Tensor
     truncated: Tensor
@@ -128,6 +133,7 @@ class RolloutBatch(TensorClass["nocast"]):
                                  f"per completion token ({c.numel()}).")
         cpu = [c.detach().cpu().long().reshape(-1) for c in completions]
         lens = [torch.ones(int(c.numel()), dtype=torch.bool) for c in cpu]
+        gen_lp = _pad([lp.detach().cpu().float().reshape(-1) for lp in old_log_probs], 0.0, "right", torch.float32)
         return cls(
             prompt_ids=_pad([p.detach().cpu().long().reshape(-1) for p in prompts], pad_token_id, "left", torch.long),
             prompt_mask=_pad([torch.ones(int(p.numel()), dtype=torch.bool) for p in prompts], False, "left",
@@ -137,8 +143,7 @@ class RolloutBatch(TensorClass["nocast"]):
             loss_mask=_pad(lens if loss_masks is None else [m.detach().cpu().bool() for m in loss_masks], False,
                            "right", torch.bool),
             prompt_index=index,
-            old_log_probs=_pad([lp.detach().cpu().float().reshape(-1) for lp in old_log_probs], 0.0, "right",
-                               torch.float32),
+            old_log_probs=gen_lp, rollout_log_probs=gen_lp.clone(),
             reward=torch.as_tensor(reward, dtype=torch.float32).reshape(-1).cpu(),
             advantage=torch.as_tensor(advantage, dtype=torch.float32).reshape(-1).cpu(),
             truncated=torch.as_tensor(list(truncated) if not isinstance(truncated, Tensor) else truncated,
@@ -184,6 +189,21 @@ class RolloutBatch(TensorClass["nocast"]):
         return [torch.cat([self.prompt_ids[j, width - p:], self.completion_ids[i, :c]])
                 for i, (j, p, c) in enumerate(zip(self.prompt_index.tolist(), p_len, c_len))]
 
+    def with_old_log_probs(self, old_log_probs: Tensor) -> RolloutBatch:
+        """A copy whose ``old_log_probs`` are ``old_log_probs`` (``[N, Lc]`` float, e.g. the trainer's no-grad
+        recompute; detached, cast to float32, zeroed where ``completion_mask`` is False); every other field shared.
+
+        Raises:
+            ValueError: ``old_log_probs`` not of shape ``[N, Lc]``.
+        """
+        if tuple(old_log_probs.shape) != tuple(self.completion_ids.shape):
+            raise ValueError(f"RolloutBatch.with_old_log_probs: expected shape {tuple(self.completion_ids.shape)} "
+                             f"([N, Lc] like completion_ids), got {tuple(old_log_probs.shape)}.")
+        lp = old_log_probs.detach().float()
+        new = self.copy()
+        new.old_log_probs = torch.where(self.completion_mask, lp, torch.zeros_like(lp))
+        return new
+
     # ------------------------------------------------------------------------------------------------ cutting
     def select_rows(self, rows: Sequence[int] | Tensor) -> RolloutBatch:
         """The sub-batch of ``rows`` (in that order), keeping only their prompts and trimming the padding.
@@ -205,7 +225,8 @@ class RolloutBatch(TensorClass["nocast"]):
             prompt_ids=self.prompt_ids[used][:, -lp:], prompt_mask=p_mask[:, -lp:],
             completion_ids=self.completion_ids[idx][:, :lc], completion_mask=c_mask[:, :lc],
             loss_mask=self.loss_mask[idx][:, :lc], prompt_index=new_index,
-            old_log_probs=self.old_log_probs[idx][:, :lc], reward=self.reward[idx], advantage=self.advantage[idx],
+            old_log_probs=self.old_log_probs[idx][:, :lc], rollout_log_probs=self.rollout_log_probs[idx][:, :lc],
+            reward=self.reward[idx], advantage=self.advantage[idx],
             truncated=self.truncated[idx], group=self.group[idx], policy_version=self.policy_version[idx],
             rewards=TensorDict({k: v[idx] for k, v in self.rewards.items()}, batch_size=[]),
             sample_id=[self.sample_id[i] for i in ids], completion=[self.completion[i] for i in ids],

@@ -7,8 +7,9 @@ one *group* of ``num_generations`` rows; with ``batching`` on (the default of :c
 GRPOModule`) one **rollout worker thread per group** (or ``num_workers`` threads sharing the groups) calls the
 generate version, and the wrapper's threaded batcher serves all of them in shared forward passes. The completions are
 decoded (without special tokens, as TRL), scored by the reward functions (:class:`lit_llm.rewards.RewardFunctions`,
-TRL signature) and turned into advantages by :func:`lit_llm.objectives.compute_advantages`. The sampled ids are kept
-exactly (DESIGN.md property 1) and the generation-time log-probs become the old log-probs of the GRPO ratio.
+TRL signature) and turned into advantages by :func:`lit_llm.objectives.compute_advantages` (``advantage_estimator``).
+The sampled ids are kept exactly (DESIGN.md property 1) and the generation-time log-probs become the old log-probs of
+the GRPO ratio (and, always, its ``rollout_log_probs``).
 
 Reproducibility: with ``seed`` set, every row samples from its **own generator** seeded from
 ``(seed, step, rank, prompt index, generation index)`` (:func:`row_seeds`; the wrapper's ``"sampling_seed"`` input),
@@ -135,6 +136,8 @@ class RolloutEngine:
             {name: [N]})``, e.g. :class:`lit_llm.rewards.RewardFunctions`.
         num_generations: completions per prompt ``G`` (>= 2: a group needs a std).
         scale_rewards: ``"group"``, ``"batch"`` or ``"none"`` (see :func:`~lit_llm.objectives.compute_advantages`).
+        advantage_estimator: ``"grpo"``, ``"rloo"`` or ``"reinforce_plus_plus"`` (the baseline; see
+            :func:`~lit_llm.objectives.compute_advantages` for how it combines with ``scale_rewards``).
         seed: sampling seed (per-row generators, see the module docstring); ``None``: the global RNG.
         chat_template: template for chat prompts without ``prompt_ids``.
         chat_template_kwargs: template variables of those renders (e.g. ``{"enable_thinking": False}``).
@@ -156,7 +159,8 @@ class RolloutEngine:
                  scale_rewards: Literal["group", "batch", "none"] = "group", seed: int | None = 0,
                  chat_template: str | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
                  batching: bool = True, num_workers: int | None = None, version: int = 0, rank: int = 0,
-                 trainer_state_fn: Callable[[], TrainerState] | None = None) -> None:
+                 trainer_state_fn: Callable[[], TrainerState] | None = None,
+                 advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus"] = "grpo") -> None:
         if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
             raise RolloutError(f"num_generations must be an int >= 2 (GRPO compares completions within a group), got "
                                f"{num_generations!r}; set num_generations to 2 or more.")
@@ -173,6 +177,7 @@ class RolloutEngine:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.version, self.rank = version, int(rank)
         self.trainer_state_fn = trainer_state_fn
+        self.advantage_estimator = advantage_estimator
         self.pad_token_id = int(policy.generation_config.pad_token_id)
         self.max_new_tokens = int(policy.generation_config.max_new_tokens)
         self._batched: dict[int, Any] = {}  # rows per call -> batching version of the policy
@@ -299,7 +304,8 @@ class RolloutEngine:
                                        completion_ids=[r.tolist() for r in resp], trainer_state=trainer_state,
                                        **rep_columns)
         total = torch.as_tensor(total, dtype=torch.float32).reshape(-1)
-        advantages, stats = compute_advantages(total, g, scale_rewards=self.scale_rewards)
+        advantages, stats = compute_advantages(total, g, scale_rewards=self.scale_rewards,
+                                               advantage_estimator=self.advantage_estimator)
         reward_time = time.perf_counter() - t1
 
         distinct: dict[tuple[int, ...], int] = {}  # identical prompts share one row of prompt_ids

@@ -1,0 +1,96 @@
+"""Sampler/trainer mismatch before / after ``old_log_probs: recompute``, and what the recompute costs (issue 15).
+
+Setting: the embedded SmolLM2-135M-Instruct on the synthetic arithmetic prompts, ``--prompts`` x ``--generations``
+completions of at most ``--max-new-tokens`` tokens at temperature 1.0, ``--steps`` GRPO steps (``dapo``, AdamW,
+lr 1e-6) per run. Runs, each in a fresh ``Trainer`` (same seeds, so the same first rollout), per precision:
+
+* ``rollout``: old log-probs = the generation-time ones (today's default) -- *before*;
+* ``recompute+token_truncate``: old log-probs = the training forward under no-grad, and the generation-time gap
+  corrected by TIS weights (cap 2) -- *after*.
+
+Printed per run (first iteration of each step, medians over steps): ``mismatch/kl`` (k3 of generation-time vs
+trainer log-probs on the same ids), the range of trainer / sampler probability, the range of the GRPO ratio and its
+clipped fraction at the first iteration, the correction's capped fraction, and ``time/step`` / ``time/recompute``
+(the recompute's share of the step is its cost).
+
+Usage::
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_mismatch.py                  # fp32 and bf16-mixed, 1 step
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_mismatch.py --model tiny     # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from functools import partial
+
+import torch
+from _memory import machine_line
+from lightning.pytorch import Callback, Trainer, seed_everything
+
+from lit_llm.lightning.grpo import GRPOModule
+from lit_llm.lightning.grpo_data import GRPODataModule
+
+REWARDS = ["lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward"]
+KEYS = ("train/mismatch/kl", "train/mismatch/ratio_min", "train/mismatch/ratio_max",
+        "train/first_iteration/ratio_min", "train/first_iteration/ratio_max", "train/first_iteration/clip_ratio",
+        "train/rollout_correction/corrected_fraction", "time/step", "time/training", "time/recompute")
+RUNS = {"rollout": {"old_log_probs": "rollout"},
+        "recompute+token_truncate": {"old_log_probs": "recompute", "rollout_correction": "token_truncate"}}
+
+
+class _Metrics(Callback):
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        m = trainer.callback_metrics
+        self.rows.append({k: float(m[k]) for k in KEYS if k in m})
+
+
+def run(model: str, precision: str, steps: int, prompts: int, generations: int, max_new_tokens: int,
+        **options) -> dict[str, float]:
+    """Median of each metric over the run's steps."""
+    seed_everything(0, verbose=False)
+    module = GRPOModule(model, reward_funcs=REWARDS, num_generations=generations, max_new_tokens=max_new_tokens,
+                        temperature=1.0, micro_batch_size=prompts * generations, log_samples_every=0,
+                        optimizer=partial(torch.optim.AdamW, lr=1e-6), **options)
+    data = GRPODataModule("arithmetic", batch_size=prompts, num_train=prompts * steps, num_eval=0)
+    metrics = _Metrics()
+    trainer = Trainer(max_steps=steps, precision=precision, accelerator="auto", devices=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      num_sanity_val_steps=0, limit_val_batches=0, callbacks=[metrics])
+    trainer.fit(module, data)
+    return {k: statistics.median(r[k] for r in metrics.rows) for k in metrics.rows[0]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--precisions", default="32-true,bf16-mixed")
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--generations", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    a = p.parse_args()
+    print(machine_line())
+    print(f"model {a.model}; {a.prompts} prompts x {a.generations} generations x <= {a.max_new_tokens} tokens; "
+          f"{a.steps} step(s) per run (medians)")
+    head = ("precision", "old_log_probs", "mismatch k3", "trainer/sampler min", "max", "first ratio min", "max",
+            "clipped", "TIS capped", "step (s)", "recompute (s)")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for precision in a.precisions.split(","):
+        for name, options in RUNS.items():
+            r = run(a.model, precision, a.steps, a.prompts, a.generations, a.max_new_tokens, **options)
+            cells = [precision, name, f"{r['train/mismatch/kl']:.2e}", f"{r['train/mismatch/ratio_min']:.6f}",
+                     f"{r['train/mismatch/ratio_max']:.6f}", f"{r['train/first_iteration/ratio_min']:.6f}",
+                     f"{r['train/first_iteration/ratio_max']:.6f}", f"{r['train/first_iteration/clip_ratio']:.4f}",
+                     f"{r.get('train/rollout_correction/corrected_fraction', float('nan')):.4f}",
+                     f"{r['time/step']:.2f}", f"{r.get('time/recompute', 0.0):.2f}"]
+            print("| " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
