@@ -70,7 +70,9 @@ def build(argv: Sequence[str] | None = None) -> tuple[SFTModule, SFTDataModule, 
 
     # 2. The data: rows rendered once with the chat template (exact masks), truncated to max_length, grouped by
     #    length. The tokenizer and loss head come from the module when the Trainer attaches both.
-    data = SFTDataModule(args.data_path, eval_path=args.val_path, format=args.format, limit=args.limit,
+    arithmetic = args.format == "arithmetic"  # the synthetic task reads no file
+    data = SFTDataModule(None if arithmetic else args.data_path,
+                         eval_path=None if arithmetic else args.val_path or None, format=args.format, limit=args.limit,
                          eval_limit=args.val_limit, num_samples=args.num_samples, system_prompt=None,
                          max_length=args.max_length, batch_size=args.batch_size,
                          micro_batch_size=args.micro_batch_size, on_bad_row="raise", seed=args.seed)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 NUM_SAMPLES, BATCH, STEPS = 27, 4, 6
 STEPS_PER_EPOCH = NUM_SAMPLES // (2 * BATCH) + 1  # 3 full steps + 1 step of 3 samples (2 on rank 0, 1 on rank 1)
 ARGS = ("--trainer.max_steps", str(STEPS), "--data.num_samples", str(NUM_SAMPLES), "--data.batch_size", str(BATCH),
-        "--data.micro_batch_size", "2", "--data.val_limit", "7", "--trainer.val_check_interval", "3",
+        "--data.micro_batch_size", "2", "--data.eval_limit", "7", "--trainer.val_check_interval", "3",
         "--samples.num_samples", "1", "--checkpoint.every_n_train_steps", "3")
 
 

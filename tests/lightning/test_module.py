@@ -197,7 +197,7 @@ def test_policy_wrapper_shares_weights():
 def test_bf16_mixed_on_cpu(rows_path, tokenizer):
     torch.manual_seed(0)
     module = SFTModule("tiny", optimizer=partial(torch.optim.AdamW, lr=1e-3))
-    dm = SFTDataModule(str(rows_path), batch_size=2, val_fraction=0.25)
+    dm = SFTDataModule(str(rows_path), batch_size=2, eval_fraction=0.25)
     dm.tokenizer = tokenizer
     trainer = Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, precision="bf16-mixed", accelerator="cpu")

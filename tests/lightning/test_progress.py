@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _fit(tmp_path: Path, bar: StepProgressBar, *, max_steps: int, ckpt_path: str | None = None) -> Trainer:
     torch.manual_seed(0)
     module = SFTModule("tiny", optimizer=partial(torch.optim.AdamW, lr=1e-3))
-    dm = SFTDataModule(format="arithmetic", num_samples=16, val_limit=4, batch_size=4, max_length=48)
+    dm = SFTDataModule(format="arithmetic", num_samples=16, eval_limit=4, batch_size=4, max_length=48)
     trainer = Trainer(max_steps=max_steps, logger=False, callbacks=[bar], enable_model_summary=False,
                       accelerator="cpu", devices=1, default_root_dir=tmp_path, precision="32-true",
                       val_check_interval=3, check_val_every_n_epoch=None, num_sanity_val_steps=0,

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _fit(tmp_path: Path, optimizer, *, max_steps: int, ckpt_path: str | None = None) -> Trainer:
     torch.manual_seed(0)
     module = SFTModule("tiny", optimizer=optimizer, grad_clip=None)
-    dm = SFTDataModule(format="arithmetic", num_samples=16, val_limit=4, batch_size=4, max_length=48)
+    dm = SFTDataModule(format="arithmetic", num_samples=16, eval_limit=4, batch_size=4, max_length=48)
     trainer = Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
                       limit_val_batches=0, accelerator="cpu", devices=1, default_root_dir=tmp_path,
                       precision="32-true")
