@@ -30,6 +30,7 @@ import torch
 from tensordict import TensorClass, lazy_stack
 
 from lit_llm.data.errors import PrefixMismatchError, check_prefix
+from lit_llm.data.padding import pad_rows
 
 if TYPE_CHECKING:
     from lit_llm.data.history import History
@@ -136,18 +137,6 @@ def _require_history(value: Any, field: str, what: str) -> None:
     if value is not None and not callable(getattr(value, "apply_chat_template", None)):
         raise TypeError(f"{what}: {field!r} must be a History (lit_llm.data.history.History), got "
                         f"{type(value).__name__}. Build it with History.from_chats(...).")
-
-
-def _pad_ids(rows: list[torch.Tensor], value: int, side: str) -> torch.Tensor:
-    width = max((r.numel() for r in rows), default=0)
-    out = torch.full((len(rows), width), value, dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r.numel():
-            if side == "left":
-                out[i, width - r.numel():] = r
-            else:
-                out[i, :r.numel()] = r
-    return out
 
 
 def _rows(obj: TensorClass) -> list:
@@ -593,5 +582,5 @@ def _padded_tokens(rows: list[Tokens], tokenizer: Any, what: str) -> Tokens:
     for name, side in sides.items():
         values = [getattr(r, name) for r in rows]
         if all(v is not None for v in values):
-            fields[name] = _pad_ids(values, pad, side)
+            fields[name] = pad_rows(values, pad, side=side)
     return Tokens(**fields, padded=True, batch_size=[len(rows)])

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_llm.data.padding import pad_rows
 from lit_llm.policy.sampling import _check_seeds, _row_uniforms, row_seed, sample_from_probs
 from lit_llm.policy.sampling import _splitmix64 as _splitmix64  # re-exported: tests import it from here
 
@@ -430,29 +431,6 @@ class _StopStrings:
             prev = self.tokenizer.decode(tail[:-1], skip_special_tokens=False)
             out.append(any(s in cur and s not in prev for s in self.stops))
         return out
-
-
-def pad_rows(rows: Sequence[Tensor], pad_value: int | float | bool, *, side: str = "left") -> Tensor:
-    """Stack 1-D tensors into ``[B, T_max]``, padding on ``side`` with ``pad_value``.
-
-    Args:
-        rows: ``B`` 1-D tensors of one dtype.
-        pad_value: fill value.
-        side: ``"left"`` (default) or ``"right"``.
-
-    Returns:
-        ``[B, T_max]`` tensor of the rows' dtype (``[B, 0]`` when every row is empty).
-    """
-    width = max((r.numel() for r in rows), default=0)
-    out = torch.full((len(rows), width), pad_value, dtype=rows[0].dtype if rows else torch.long,
-                     device=rows[0].device if rows else None)
-    for i, r in enumerate(rows):
-        if r.numel():
-            if side == "left":
-                out[i, width - r.numel():] = r
-            else:
-                out[i, :r.numel()] = r
-    return out
 
 
 def check_token_ids(model: Any, rows: Sequence[Tensor], *, extra: int = 0, max_context: int | None = None,

@@ -8,25 +8,13 @@ import math
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Trainer
+from test_grpo import Recorder, frac_reward  # tests/lightning/test_grpo.py (pytest puts its folder on sys.path)
 
 from lit_llm.lightning.grpo import GRPOModule
 from lit_llm.lightning.grpo_data import GRPODataModule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def frac_reward(prompts, completions, completion_ids, **kwargs):
-    """Fraction of completion ids divisible by 8 (about 1/8 at random)."""
-    return [sum(i % 8 == 0 for i in c) / max(1, len(c)) for c in completion_ids]
-
-
-class Recorder(Callback):
-    def __init__(self) -> None:
-        self.steps: list[dict[str, float]] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.steps.append({k: float(v) for k, v in trainer.callback_metrics.items()})
 
 
 def fit(steps: int, *, precision: str = "32-true", **module_kwargs) -> tuple[GRPOModule, list[dict[str, float]]]:
