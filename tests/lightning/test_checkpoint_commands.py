@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("sft_run")
     main(["fit", "--config", SFT, "--trainer.default_root_dir", str(root), "--trainer.max_steps", "4",
           "--trainer.val_check_interval", "4", "--checkpoint.every_n_train_steps", "4", "--samples.num_samples", "1",
-          "--trainer.enable_progress_bar", "false", "--trainer.precision", "32-true"])
+          "--trainer.enable_progress_bar", "false", "--trainer.precision", "32-true", "--checkpoint.save_top_k", "0"])
     return root
 
 
@@ -39,6 +39,18 @@ def ckpt(run_dir) -> Path:
     path = run_dir / "checkpoints" / "last.ckpt"
     assert torch.load(path, map_location="cpu", weights_only=False)["global_step"] == 4
     return path
+
+
+def test_save_top_k_0_keeps_one_resumable_last_ckpt(run_dir, ckpt):
+    """As the real-model configs do (the demo's 135M checkpoints are 1.6 GB each): only last.ckpt, full state."""
+    import yaml
+
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["last.ckpt"]
+    assert {"optimizer_states", "loops", "state_dict"} <= set(torch.load(ckpt, map_location="cpu", weights_only=False))
+    for name in ("grpo_arithmetic.yaml", "grpo_gsm8k.yaml", "sft_gsm8k.yaml"):
+        section = yaml.safe_load((ROOT / "configs" / name).read_text())["checkpoint"]
+        assert section["save_top_k"] == 0 and section["save_last"] is True
+        assert section.get("save_weights_only", False) is False
 
 
 @pytest.mark.parametrize(("umask", "dir_mode", "file_mode"), [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
