@@ -1,15 +1,15 @@
 """The ``lit-llm`` console script: answers what needs no Lightning before importing it.
 
-``lit-llm``, ``lit-llm --help``, a mistyped subcommand and the extra subcommands (``export``, ``plot``; their
-``--help`` too) are handled here with argparse / jsonargparse and import neither torch nor Lightning, so they answer
-in well under a second. Everything else (``fit``, ``validate``, ``test``, ``predict``) goes to
+``lit-llm``, ``lit-llm --help``, a mistyped subcommand and the extra subcommands (``export``, ``plot``, ``chat``,
+``evaluate``; their ``--help`` too) are handled here with argparse / jsonargparse and import neither torch nor
+Lightning, so they answer in well under a second. Everything else (``fit``, ``validate``, ``test``, ``predict``) goes to
 :func:`lit_llm.lightning.cli.main` (LightningCLI), which prints a one-message error (:mod:`lit_llm.cli_errors`) for a
 bad option and exits 2.
 
 Extra subcommands are entries of :data:`EXTRA_COMMANDS`: a one-line summary and ``"module:function"``, a function
 of the remaining arguments that parses them (answering ``--help``) before importing torch; a module under
 ``lit_llm.lightning`` is loaded without running that package's ``__init__`` (which imports Lightning). Adding a
-command (``chat``) is one entry.
+command is one entry.
 """
 
 from __future__ import annotations
@@ -103,6 +103,8 @@ def export_command(argv: Sequence[str]) -> None:
 EXTRA_COMMANDS: dict[str, Command] = {
     "export": Command("Write a checkpoint's policy as a Hugging Face folder.", "lit_llm.cli_entry:export_command"),
     "plot": Command("Draw a run's training curves (CSV log) as a PNG.", "lit_llm.lightning.plot:command"),
+    "chat": Command("Chat with a model or checkpoint, multi-turn.", "lit_llm.chat:command"),
+    "evaluate": Command("Greedy GSM8K accuracy of a model or checkpoint.", "lit_llm.evaluation:command"),
 }
 
 
@@ -118,6 +120,8 @@ def top_parser() -> argparse.ArgumentParser:
                f"  {PROG} fit --config configs/grpo_tiny.yaml --trainer.max_steps 4\n"
                f"  {PROG} export --ckpt_path runs/sft_tiny/checkpoints/last.ckpt --out exported/\n"
                f"  {PROG} plot runs/sft_tiny\n"
+               f"  {PROG} chat --model runs/sft_tiny/checkpoints/last.ckpt\n"
+               f"  {PROG} evaluate --model exported/ --data gsm8k/test.jsonl --limit 100\n"
                f"A bad option is one `{PROG}: error:` line; {DEBUG_ENV}=1 shows the parser's full message and "
                "tracebacks.")
     sub = parser.add_subparsers(title="commands", metavar="{" + ",".join(commands) + "}")

@@ -8,26 +8,27 @@ stops at every EOS id), in batches sorted by prompt length, decoded without spec
 :func:`lit_llm.rewards.gsm8k_answer_reward` (the number after the last ``####``, else the last number, compared as a
 decimal to the reference's ``#### N``).
 
-Usage::
+Usage (``lit-llm evaluate``; ``python -m lit_llm.evaluation`` takes the same options)::
 
-    python -m lit_llm.evaluation --model smollm2-135m-instruct --data ../shared/data/gsm8k/test.jsonl --limit 100
-    python -m lit_llm.evaluation --model runs/sft_gsm8k/hf --data ../shared/data/gsm8k/test.jsonl --limit 100 \\
-        --out eval.jsonl
+    lit-llm evaluate --model smollm2-135m-instruct --data gsm8k/test.jsonl --limit 100
+    lit-llm evaluate --model runs/sft_gsm8k/checkpoints/last.ckpt --data gsm8k/test.jsonl --limit 100 --out eval.jsonl
+
+``--model`` is a ``lit-llm fit`` checkpoint, a ``lit-llm export`` folder, a model name or a Hub id in the HF cache
+(:func:`lit_llm.lightning.export.load_inference_policy`). Torch is imported only once the options are parsed, so
+``lit-llm evaluate --help`` answers at once.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-__all__ = ["GSM8KResult", "evaluate_gsm8k", "main"]
+__all__ = ["GSM8KResult", "command", "evaluate_gsm8k", "main"]
 
 
 @dataclass
@@ -55,7 +56,6 @@ class GSM8KResult:
     rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
 
-@torch.no_grad()
 def evaluate_gsm8k(model: Any, tokenizer: Any, path: str, *, limit: int | None = 100, max_new_tokens: int = 256,
                    batch_size: int = 32, system_prompt: str | None = None, chat_template: str | None = None,
                    progress: bool = False) -> GSM8KResult:
@@ -79,6 +79,7 @@ def evaluate_gsm8k(model: Any, tokenizer: Any, path: str, *, limit: int | None =
         FileNotFoundError, DataFormatError: missing file or bad row (see :func:`lit_llm.data.datasets.read_examples`).
         ValueError: ``batch_size`` or ``max_new_tokens`` < 1.
     """
+    import torch
     from tensordict import TensorDict, lazy_stack
 
     from lit_llm.data.containers import Tokens
@@ -100,22 +101,23 @@ def evaluate_gsm8k(model: Any, tokenizer: Any, path: str, *, limit: int | None =
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
-    try:
-        for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
-            td = TensorDict(tokens=lazy_stack([Tokens(prompt=prompts[i], padded=False) for i in idx]),
-                            batch_size=[len(idx)])
-            out = policy(td)
-            responses = out.get(("tokens", "response"), as_list=True)
-            for j, i in enumerate(idx):
-                completions[i] = tokenizer.decode(responses[j].tolist(), skip_special_tokens=True)
-                truncated[i] = bool(out["truncated"][j])
-                n_tokens += int(responses[j].numel())
-            if progress:
-                print(f"  generated {min(s + batch_size, len(order))}/{len(order)} "
-                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    finally:
-        model.train(was_training)
+    with torch.no_grad():
+        try:
+            for s in range(0, len(order), batch_size):
+                idx = order[s:s + batch_size]
+                td = TensorDict(tokens=lazy_stack([Tokens(prompt=prompts[i], padded=False) for i in idx]),
+                                batch_size=[len(idx)])
+                out = policy(td)
+                responses = out.get(("tokens", "response"), as_list=True)
+                for j, i in enumerate(idx):
+                    completions[i] = tokenizer.decode(responses[j].tolist(), skip_special_tokens=True)
+                    truncated[i] = bool(out["truncated"][j])
+                    n_tokens += int(responses[j].numel())
+                if progress:
+                    print(f"  generated {min(s + batch_size, len(order))}/{len(order)} "
+                          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        finally:
+            model.train(was_training)
     seconds = time.perf_counter() - t0
     refs = [ex.reference for ex in examples]
     scores = gsm8k_answer_reward(prompts=[None] * len(refs), completions=completions, answer=refs)
@@ -127,33 +129,52 @@ def evaluate_gsm8k(model: Any, tokenizer: Any, path: str, *, limit: int | None =
                        generated_tokens=n_tokens, rows=rows)
 
 
-def main(argv: Sequence[str] | None = None) -> GSM8KResult:
-    """``python -m lit_llm.evaluation``: print the accuracy as a JSON line (and write per-question rows with
-    ``--out``)."""
-    p = argparse.ArgumentParser(description="Greedy GSM8K final-answer accuracy of a model.")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="embedded model name or a local HF folder")
-    p.add_argument("--data", required=True, help="GSM8K JSONL (question/answer)")
+def command(argv: Sequence[str] | None = None) -> GSM8KResult:
+    """``lit-llm evaluate`` (and ``python -m lit_llm.evaluation``): print the accuracy as a JSON line, write
+    per-question rows with ``--out``. The options are parsed (``--help`` answered) before torch is imported.
+
+    Raises:
+        FileNotFoundError / ValueError: a missing model, checkpoint or data file, a bad row or setting (the console
+            script prints them as one ``lit-llm evaluate: error:`` line).
+    """
+    from lit_llm.cli_entry import ToolParser
+
+    p = ToolParser(prog="lit-llm evaluate", description="Greedy GSM8K final-answer accuracy of a model or a lit-llm "
+                   "checkpoint (prompts rendered as in training; '#### N' or the last number vs the reference).")
+    p.add_argument("--model", "--model_name_or_path", type=str, default="smollm2-135m-instruct",
+                   help="a .ckpt written by lit-llm fit, a lit-llm export folder, a model name or a Hub id (HF cache)")
+    p.add_argument("--data", type=str, required=True, help="GSM8K rows (question/answer): .jsonl, .parquet, .csv")
     p.add_argument("--limit", type=int, default=100, help="first N questions (0 = all)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--system-prompt", default=None)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--out", type=Path, default=None, help="write per-question rows (JSONL) here")
-    args = p.parse_args(argv)
+    p.add_argument("--max_new_tokens", "--max-new-tokens", type=int, default=256, help="answer budget in tokens")
+    p.add_argument("--batch_size", "--batch-size", type=int, default=32, help="questions per generate call")
+    p.add_argument("--system_prompt", "--system-prompt", type=str | None, default=None,
+                   help="system message (as data.system_prompt in training)")
+    p.add_argument("--device", type=str, default="auto", help="auto (cuda when available, else cpu), cpu, cuda, ...")
+    p.add_argument("--threads", type=int | None, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--out", type=str | None, default=None, help="write per-question rows (JSONL) here")
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    import torch
+
+    from lit_llm.lightning.export import load_inference_policy
+
     if args.threads:
         torch.set_num_threads(args.threads)
-    from lit_llm.models import load_model
-
-    model, tokenizer = load_model(args.model)
-    res = evaluate_gsm8k(model, tokenizer, args.data, limit=args.limit or None, max_new_tokens=args.max_new_tokens,
-                         batch_size=args.batch_size, system_prompt=args.system_prompt, progress=True)
+    policy = load_inference_policy(args.model, device=args.device, who="lit-llm evaluate")
+    res = evaluate_gsm8k(policy.model, policy.tokenizer, args.data, limit=args.limit or None,
+                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                         system_prompt=args.system_prompt, progress=True)
     summary = {k: v for k, v in asdict(res).items() if k != "rows"}
     summary.update(model=args.model, data=args.data, limit=args.limit, max_new_tokens=args.max_new_tokens)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in res.rows), encoding="utf-8")
-    print(json.dumps(summary))
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in res.rows), encoding="utf-8")
+    print(json.dumps(summary), flush=True)
     return res
+
+
+#: ``python -m lit_llm.evaluation``'s entry point (same options as ``lit-llm evaluate``).
+main = command
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def build(argv: Sequence[str] | None = None) -> tuple[GRPOModule, GRPODataModule
         max_steps=args.max_steps, max_time=args.max_time, log_every_n_steps=1,
         val_check_interval=args.eval_every, check_val_every_n_epoch=None, num_sanity_val_steps=-1,
         enable_progress_bar=True, logger=default_loggers(str(out), wandb=args.wandb),
-        callbacks=[StepCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=1,
+        callbacks=[StepCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0,
                                   every_n_train_steps=args.checkpoint_every), StepProgressBar()],
     )
     return module, data, trainer_kwargs

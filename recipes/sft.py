@@ -1,6 +1,6 @@
 """Supervised fine-tuning, written out: what ``lit-llm fit --config configs/sft_gsm8k.yaml`` does, in plain Python.
 
-    python recipes/sft.py --out runs/recipe_sft        # GSM8K from ../shared/data/gsm8k/{train,test}.jsonl
+    python recipes/sft.py --out runs/recipe_sft        # GSM8K from the Hub (openai/gsm8k, HF cache)
     python recipes/sft.py --model tiny --format arithmetic --max-steps 20 --eval-every 10 --precision 32-true \\
         --no-wandb --out runs/recipe_tiny                                                              # seconds
 
@@ -33,9 +33,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="embedded model, 'tiny', or a local HF folder")
     p.add_argument("--loss", default="sft", choices=["sft", "rlhf", "generic"], help="loss head")
-    p.add_argument("--data-path", default="../shared/data/gsm8k/train.jsonl",
-                   help="training JSONL (chat, prompt/completion or GSM8K rows; ignored for --format arithmetic)")
-    p.add_argument("--val-path", default="../shared/data/gsm8k/test.jsonl", help="validation JSONL ('' for none)")
+    p.add_argument("--data-path", default="openai/gsm8k:main:train",
+                   help="training rows: a file or Hub NAME:CONFIG:SPLIT (chat, prompt/completion or GSM8K rows; "
+                        "ignored for --format arithmetic)")
+    p.add_argument("--val-path", default="openai/gsm8k:main:test", help="validation rows ('' for none)")
     p.add_argument("--format", default="gsm8k", choices=["auto", "chat", "prompt_completion", "gsm8k", "arithmetic"])
     p.add_argument("--limit", type=int, default=512, help="first N training rows")
     p.add_argument("--val-limit", type=int, default=100, help="first N validation rows")
@@ -87,7 +88,7 @@ def build(argv: Sequence[str] | None = None) -> tuple[SFTModule, SFTDataModule, 
         max_steps=args.max_steps, log_every_n_steps=1, val_check_interval=args.eval_every,
         check_val_every_n_epoch=None, limit_val_batches=8, num_sanity_val_steps=0,
         logger=default_loggers(str(out), wandb=args.wandb),
-        callbacks=[StepCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=1, every_n_train_steps=16),
+        callbacks=[StepCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0, every_n_train_steps=16),
                    ValidationSamples(num_samples=4, max_new_tokens=128), StepProgressBar()],
     )
     return module, data, trainer_kwargs

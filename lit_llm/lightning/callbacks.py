@@ -58,8 +58,9 @@ class ValidationSamples(Callback):
     The prompts are the validation samples' ``prompt_ids`` (the prompt rendered with the generation prompt, exactly
     the ids the model is trained to continue, DESIGN.md property 1). Rows ``(step, sample_id, prompt, completion,
     reference)`` go to the console, to ``samples.csv`` in the first logger's directory (appended; the CSV logger's
-    ``metrics.csv`` only holds numbers) and, with a ``WandbLogger``, to a ``val/samples`` table. Runs on rank 0 only,
-    and not during the sanity check.
+    ``metrics.csv`` only holds numbers) and, with a ``WandbLogger``, to a ``val/samples`` table. ``step`` is the
+    module's ``eval_step`` (in ``validate --ckpt_path``: the checkpoint's step, not Lightning's 0). Runs on rank 0
+    only, and not during the sanity check.
 
     Args:
         num_samples: prompts to answer (0 disables the callback).
@@ -81,7 +82,8 @@ class ValidationSamples(Callback):
         chosen = samples[: self.num_samples]
         outputs = pl_module.generate([s.prompt_ids for s in chosen], max_new_tokens=self.max_new_tokens)
         tok = pl_module.tokenizer
-        rows = [[trainer.global_step, s.sample_id, tok.decode(s.prompt_ids), tok.decode(o, skip_special_tokens=True),
+        step = getattr(pl_module, "eval_step", trainer.global_step)  # validate: the checkpoint's step, not 0
+        rows = [[step, s.sample_id, tok.decode(s.prompt_ids), tok.decode(o, skip_special_tokens=True),
                  s.reference] for s, o in zip(chosen, outputs)]
         for step, sid, _, completion, reference in rows:
             rank_zero_info(f"[step {step}] {sid}\n  generated: {completion!r}\n  reference: {reference!r}")

@@ -13,6 +13,8 @@ Added to LightningCLI's own arguments:
 * ``--checkpoint.*``: a :class:`~lit_llm.lightning.callbacks.StepCheckpoint` (a ``ModelCheckpoint`` whose
   ``last.ckpt`` holds the final step) that is always on (``save_last``),
   writing to ``<trainer.default_root_dir>/checkpoints`` so that ``--ckpt_path last`` finds it from any later run.
+  Checkpoints are full (resumable) unless ``checkpoint.save_weights_only: true``; ``fit --ckpt_path`` on a
+  weights-only one is an error naming that option (:func:`check_resumable`).
 * ``--samples.*``: :class:`~lit_llm.lightning.callbacks.ValidationSamples` (generated answers after validation).
 * ``--trainer.precision auto`` (the default; :mod:`lit_llm.lightning.precision`): resolved before the Trainer is
   built to ``bf16-mixed`` where bf16 matmuls are native (CUDA with bf16, CPUs with AVX512-BF16 or AMX) and to
@@ -62,7 +64,7 @@ from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
 
 __all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
-           "checkpoint_dir", "default_loggers", "main", "route_optimizer_options"]
+           "check_resumable", "checkpoint_dir", "default_loggers", "main", "route_optimizer_options"]
 
 # Manual optimisation is deliberate (see lit_llm.lightning.module); a step-N checkpoint holds the weights after N steps.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -152,6 +154,25 @@ def route_optimizer_options(config: Any) -> None:
                 f"or remove {key} from the config's model section.")
         init[key] = top
         config[key] = None
+
+
+def check_resumable(ckpt_path: str | os.PathLike) -> None:
+    """Whether ``fit --ckpt_path`` can resume from ``ckpt_path``: a weights-only checkpoint
+    (``checkpoint.save_weights_only: true``) has no optimizer state to resume from.
+
+    Raises:
+        CLIConfigError: the checkpoint has no ``optimizer_states``; the message names ``--ckpt_path`` and
+            ``checkpoint.save_weights_only`` and says how to start from the weights instead.
+    """
+    import torch
+
+    ckpt = torch.load(str(ckpt_path), map_location="cpu", weights_only=False, mmap=True)
+    if "optimizer_states" not in ckpt:
+        raise CLIConfigError(
+            f"--ckpt_path {ckpt_path}: this is a weights-only checkpoint (written with checkpoint.save_weights_only "
+            f"true): it has no optimizer state, so fit cannot resume from it. Resume from a full checkpoint "
+            f"(checkpoint.save_weights_only false, the default), or start a new run from these weights: lit-llm "
+            f"export --ckpt_path {ckpt_path} --out DIR, then fit with --model.init_args.model DIR.")
 
 
 class LitLLMSaveConfig(SaveConfigCallback):
@@ -264,6 +285,16 @@ class LitLLMCLI(LightningCLI):
         precision, line = explain_precision(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"))
         trainer_cfg["precision"] = precision
         rank_zero_only(print)(line, flush=True)
+
+    def before_fit(self) -> None:
+        """Refuse to resume from a weights-only checkpoint (:func:`check_resumable`) before Lightning fails on it."""
+        ckpt_path = self._get(self.config_init, "ckpt_path")
+        if ckpt_path == "last":
+            found = [p for cb in self.trainer.checkpoint_callbacks if hasattr(cb, "_find_last_checkpoints")
+                     for p in cb._find_last_checkpoints(self.trainer)]
+            ckpt_path = max(found, key=os.path.getmtime) if found else None
+        if ckpt_path and os.path.isfile(ckpt_path):
+            check_resumable(ckpt_path)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The Trainer, with the default loggers (above) and, when ``trainer.enable_progress_bar`` is true and no

@@ -1,22 +1,25 @@
-"""Export a training checkpoint as a Hugging Face folder (``AutoModelForCausalLM`` / ``AutoTokenizer`` loadable)."""
+"""Export a training checkpoint as a Hugging Face folder (``AutoModelForCausalLM`` / ``AutoTokenizer`` loadable), and
+load a checkpoint's (or a model name's) policy for inference (``lit-llm chat``, ``lit-llm evaluate``)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["export_checkpoint"]
+__all__ = ["InferencePolicy", "export_checkpoint", "load_checkpoint_module", "load_inference_policy"]
 
 
 def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write the policy model and tokenizer of a Lightning checkpoint as an HF folder.
 
-    The module class (``_class_path`` of the checkpoint's hyper-parameters, written by ``lit-llm fit``: any
-    :class:`~lit_llm.lightning.module.PolicyModule` subclass, e.g. ``SFTModule`` or ``GRPOModule``) and its arguments
-    are read from the checkpoint's hyper-parameters, the weights from its state dict. The folder is written
-    to a temporary sibling and renamed at the end, so a failure never leaves a half-written export.
+    The module is rebuilt by :func:`load_checkpoint_module`. The folder is written to a temporary sibling and
+    renamed at the end, so a failure never leaves a half-written export; its folders get mode ``0o777 & ~umask``
+    and its files ``0o666 & ~umask`` (0755 / 0644 under the usual umask 022), so that another user (a server) can
+    read it.
 
     Args:
         ckpt_path: a ``.ckpt`` file written by ``lit-llm fit`` (e.g. ``runs/x/checkpoints/last.ckpt``).
@@ -34,18 +37,17 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
     """
 
     ckpt, target = Path(ckpt_path).expanduser(), Path(out).expanduser()
-    if not ckpt.is_file():
-        raise FileNotFoundError(f"lit-llm export: checkpoint {str(ckpt)!r} not found; pass --ckpt_path "
-                                f"<run dir>/checkpoints/last.ckpt (or another .ckpt written by lit-llm fit).")
+    _check_checkpoint_file(ckpt, "lit-llm export", "--ckpt_path")
     if target.exists() and not overwrite:
         raise FileExistsError(f"lit-llm export: {str(target)!r} already exists; choose another --out or pass "
                               f"--overwrite true.")
-    module = _module_class(ckpt).load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False)
+    module = load_checkpoint_module(ckpt)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         module.model.save_pretrained(tmp, safe_serialization=True)
         module.tokenizer.save_pretrained(tmp)
+        _umask_permissions(tmp)
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
@@ -53,6 +55,84 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _check_checkpoint_file(ckpt: Path, who: str, option: str) -> None:
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"{who}: checkpoint {str(ckpt)!r} not found; pass {option} "
+                                f"<run dir>/checkpoints/last.ckpt (or another .ckpt written by lit-llm fit).")
+
+
+def _umask_permissions(root: Path) -> None:
+    """Give ``root``, its sub-folders and files the modes a plain ``mkdir`` / ``open`` would (``0o777`` / ``0o666``
+    less the process umask): ``tempfile.mkdtemp`` makes 0700 and safetensors may write 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for folder, _, files in os.walk(root):
+        os.chmod(folder, 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o666 & ~umask)
+
+
+def load_checkpoint_module(ckpt_path: str | os.PathLike, *, who: str = "lit-llm", option: str = "--ckpt_path") -> Any:
+    """The :class:`~lit_llm.lightning.module.PolicyModule` of a ``lit-llm fit`` checkpoint, on the CPU.
+
+    The module class (``_class_path`` of the checkpoint's hyper-parameters: any ``PolicyModule`` subclass, e.g.
+    ``SFTModule`` or ``GRPOModule``) and its arguments are read from the checkpoint's hyper-parameters, the weights
+    from its state dict (a weights-only checkpoint is enough).
+
+    Args:
+        ckpt_path: a ``.ckpt`` file written by ``lit-llm fit``.
+        who, option: the command and option named in error messages.
+
+    Raises:
+        FileNotFoundError: ``ckpt_path`` does not exist.
+        ValueError: the checkpoint's module class is not a ``PolicyModule``.
+    """
+    ckpt = Path(ckpt_path).expanduser()
+    _check_checkpoint_file(ckpt, who, option)
+    return _module_class(ckpt).load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False)
+
+
+@dataclass
+class InferencePolicy:
+    """What inference needs from a model or checkpoint (:func:`load_inference_policy`).
+
+    Attributes:
+        model: the HF causal LM (eval mode, on the CPU).
+        tokenizer: its tokenizer (with the run's chat template, when the run overrode it).
+        chat_template_kwargs: the template variables the run rendered with (e.g. ``{"enable_thinking": False}``).
+    """
+
+    model: Any
+    tokenizer: Any
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def load_inference_policy(name_or_path: str | os.PathLike, *, device: str = "cpu", who: str = "lit-llm",
+                          option: str = "--model") -> InferencePolicy:
+    """Load a policy for inference from a ``lit-llm fit`` checkpoint (a path ending in ``.ckpt``: the module's
+    model, tokenizer and ``chat_template_kwargs``) or from a model name / HF folder / Hub id (as ``model.init_args.
+    model`` takes it: ``smollm2-135m-instruct``, ``tiny``, ``lit-llm export``'s folder, ...), in eval mode on
+    ``device`` (``"auto"``: CUDA when available, else the CPU).
+
+    Raises:
+        FileNotFoundError: a missing checkpoint or an unknown model (the message names ``option``).
+        ValueError: a checkpoint not written by a ``PolicyModule``.
+    """
+    if str(name_or_path).endswith(".ckpt"):
+        module = load_checkpoint_module(name_or_path, who=who, option=option)
+        policy = InferencePolicy(module.model, module.tokenizer, dict(module.chat_template_kwargs or {}))
+    else:
+        from lit_llm.lightning.module import load_policy_model
+
+        policy = InferencePolicy(*load_policy_model(str(name_or_path)))
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    policy.model.to(device).eval()
+    return policy
 
 
 def _module_class(ckpt: Path) -> type:

@@ -26,7 +26,8 @@ class GreedyEvaluation:
     :class:`~lit_llm.lightning.versions.PolicyVersionSwitch`), ``tokenizer``, ``chat_template``,
     ``chat_template_kwargs``, ``eval_rewards``
     (:class:`~lit_llm.rewards.RewardFunctions`), ``eval_metrics`` (a ``ModuleDict`` of ``MeanMetric`` per function),
-    ``eval_max_new_tokens`` and ``eval_samples``."""
+    ``eval_max_new_tokens``, ``eval_samples`` and ``eval_step`` (the step rows and lines are labelled with: the
+    loaded checkpoint's in ``validate``)."""
 
     @torch.no_grad()
     def greedy_responses(self, batch: dict[str, Any]) -> list[Tensor]:
@@ -59,7 +60,7 @@ class GreedyEvaluation:
         room = self.eval_samples - len(self._eval_rows)
         answers = columns.get("answer", [""] * len(texts))
         for i in range(max(0, min(room, len(texts)))):
-            self._eval_rows.append([self.global_step, batch.get("sample_id", [""] * len(texts))[i], texts[i],
+            self._eval_rows.append([self.eval_step, batch.get("sample_id", [""] * len(texts))[i], texts[i],
                                     str(answers[i])[-40:], *[round(float(per_fn[n][i]), 4) for n in per_fn]])
 
     def on_validation_epoch_end(self) -> None:
@@ -78,7 +79,7 @@ class GreedyEvaluation:
         else:
             self.log_dict(values, batch_size=1)
         if self.trainer.is_global_zero:
-            rank_zero_info(f"[step {self.global_step}] greedy eval: " +
+            rank_zero_info(f"[step {self.eval_step}] greedy eval: " +
                            ", ".join(f"{k}={float(v):.3f}" for k, v in values.items()))
             if rows:
                 columns = ["step", "sample_id", "completion", "reference", *self.eval_rewards.names]

@@ -180,9 +180,19 @@ class PolicyModule(LightningModule):
         checkpoint["lit_llm_optimizers"] = [f"{type(o).__module__}.{type(o).__qualname__}" for o in opts]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep what :meth:`on_train_start` compares with the optimizer this run configured."""
+        """Keep what :meth:`on_train_start` compares with the optimizer this run configured, and the checkpoint's
+        step (:attr:`eval_step`)."""
         self._resumed_optimizers = (checkpoint.get("lit_llm_optimizers"),
                                     [o.get("param_groups", []) for o in checkpoint.get("optimizer_states", [])])
+        self._checkpoint_step = int(checkpoint.get("global_step", 0))
+
+    @property
+    def eval_step(self) -> int:
+        """The optimizer step that evaluation output is labelled with: ``global_step`` while fitting; in
+        ``validate`` / ``test`` (where Lightning's ``global_step`` is 0) the step of the loaded ``--ckpt_path``."""
+        trainer = self._trainer
+        fitting = trainer is not None and trainer.state.fn == "fit"
+        return self.global_step if fitting else getattr(self, "_checkpoint_step", self.global_step)
 
     def on_train_start(self) -> None:
         """After a resume: refuse another optimizer class, warn about a configured lr that the checkpoint overrides.

@@ -161,7 +161,7 @@ def test_help_imports_neither_torch_nor_lightning(args):
     if args == ["--help"]:
         commands = [*cli_entry.LIGHTNING_COMMANDS, *cli_entry.EXTRA_COMMANDS]
         assert usage == "usage: lit-llm [-h] {" + ",".join(commands) + "} ..."
-        assert {"export", "plot"} <= set(commands)
+        assert {"export", "plot", "chat", "evaluate"} <= set(commands)
         for name, command in cli_entry.EXTRA_COMMANDS.items():
             assert f"    {name}" in proc.stdout and command.summary in proc.stdout
     else:
@@ -182,11 +182,11 @@ def test_no_command_and_unknown_command(capsys):
         main([])
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "lit-llm: error: give a command: fit, validate, test, predict, export, plot")
+        "lit-llm: error: give a command: fit, validate, test, predict, export, plot, chat, evaluate")
     with pytest.raises(SystemExit) as exc:
         main(["fitt", "--config", SFT])
     assert exc.value.code == ("lit-llm: error: unknown command 'fitt'; use one of: fit, validate, test, predict, "
-                              "export, plot (did you mean fit?)")
+                              "export, plot, chat, evaluate (did you mean fit?)")
 
 
 def test_export_errors_are_one_message(tmp_path, capsys, monkeypatch):
