@@ -225,7 +225,7 @@ class PolicyModule(LightningModule):
         Raises:
             ValueError: a LoRA checkpoint loaded into a module without ``use_peft`` or the reverse (both named, with the
                 fix); a LoRA checkpoint over another base model (path or config hash differ: both identities named);
-                other LoRA settings (rank or target modules: the trained weights' names differ).
+                other LoRA settings (rank, alpha or target modules).
         """
         self._resumed_optimizers = (checkpoint.get("lit_llm_optimizers"),
                                     [o.get("param_groups", []) for o in checkpoint.get("optimizer_states", [])])
@@ -264,16 +264,16 @@ class PolicyModule(LightningModule):
                 f"{saved['config_sha256'][:12]}), but this module loads {mine['model_name_or_path']!r} (config sha256 "
                 f"{mine['config_sha256'][:12]}); adapters only make sense over the base they were trained on. Set "
                 f"model: {saved['model_name_or_path']} (the same folder, unchanged), or start a new run.")
-        theirs = set(record["trainable"])
-        ours = self._trainable_keys()
-        if theirs != ours:
+        theirs, ours = set(record["trainable"]), self._trainable_keys()
+        saved_lora = record["lora"]
+        if theirs != ours or saved_lora["lora_r"] != c.lora_r or saved_lora["lora_alpha"] != c.lora_alpha:
             now = {"lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_dropout": c.lora_dropout,
                    "lora_target_modules": c.lora_target_modules}
             diff = sorted(theirs ^ ours)
             raise ValueError(
-                f"The LoRA checkpoint's adapters ({record['lora']}) do not match this module's ({now}): "
-                f"{len(diff)} adapter weights differ, e.g. {diff[:3]}. Resume with the checkpoint's lora_r and "
-                f"lora_target_modules.")
+                f"The LoRA checkpoint's adapters ({saved_lora}) do not match this module's ({now})"
+                + (f": {len(diff)} adapter weights differ, e.g. {diff[:3]}" if diff else "")
+                + ". Resume with the checkpoint's lora_r, lora_alpha and lora_target_modules.")
 
     def reference_model(self) -> torch.nn.Module:
         """The frozen KL reference (``beta`` / ``kl_coef > 0``): with ``use_peft`` the trained ``PeftModel`` itself (the
