@@ -115,7 +115,8 @@ def run_fresh(recipe: str, variant: str, args: argparse.Namespace) -> dict:
 
 def table(results: list[dict]) -> str:
     lines = ["| recipe | variant | trainable params | s/step | peak RSS (GB) | train peak above load (GB) | "
-             "gradients (MB) | optimizer state (MB) | checkpoint (MB) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "gradients (MB) | optimizer state (MB) | checkpoint (MB) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     full = {r["recipe"]: r for r in results if r["variant"] == "full"}
     for r in results:
         f = full.get(r["recipe"])
