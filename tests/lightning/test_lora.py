@@ -233,3 +233,27 @@ def test_async_lora_grpo_runs():
     assert module.global_step == 3 and module.versions.num_syncs == 3
     producer = module.versions.async_rollouts
     assert producer.engine.model is not module.model
+
+
+def test_lora_with_gradient_checkpointing_gives_adapter_gradients(tokenizer, tmp_path):
+    """Frozen embeddings + checkpointed blocks: the adapters still get the gradients of the plain run."""
+    import json
+
+    from lit_llm.data.datasets import collate, read_examples, tokenize_example
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:2]))
+    samples = [tokenize_example(e, tokenizer) for e in read_examples(path)]
+    batch = collate(samples, pad_token_id=tokenizer.pad_token_id)
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)  # the same lora_A initialisation
+        module = SFTModule("tiny", use_peft=True, lora_r=4, lora_dropout=0.0, gradient_checkpointing=checkpointing)
+        randomize_adapters(module.model)
+        loss, _ = module.micro_batch_loss(batch, module.step_denominator([batch]))
+        loss.backward()
+        grads.append({n: p.grad for n, p in module.model.named_parameters() if p.requires_grad})
+        assert all(p.grad is None for p in module.model.parameters() if not p.requires_grad)
+    assert all(g is not None and g.abs().sum() > 0 for g in grads[1].values())
+    for n, g in grads[0].items():
+        torch.testing.assert_close(grads[1][n], g, rtol=1e-5, atol=1e-6)
