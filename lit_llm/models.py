@@ -36,8 +36,8 @@ DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "float32": torch.float32
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
-__all__ = ["DEFAULT_MODEL", "DTYPES", "ModelConfig", "cache_dir", "embedded_gguf_path", "load_model", "load_tokenizer",
-           "resolve_dtype", "resolve_model_path", "tiny_model"]
+__all__ = ["DEFAULT_MODEL", "DTYPES", "ModelConfig", "base_model_identity", "cache_dir", "embedded_gguf_path",
+           "get_peft_config", "load_model", "load_tokenizer", "resolve_dtype", "resolve_model_path", "tiny_model"]
 
 
 @dataclass
@@ -71,6 +71,26 @@ class ModelConfig:
     """Template variables passed to every render (SFT data, rollouts, evaluation), e.g. ``{"enable_thinking": false}``
     for Qwen3-style templates."""
 
+    use_peft: bool = False
+    """Train LoRA adapters (``peft``) instead of every weight: the base weights are frozen, gradients and optimizer
+    state exist for the adapters only (TRL's ``use_peft``)."""
+
+    lora_r: int = 16
+    """LoRA rank ``r`` (>= 1) of the update ``B A`` (``A``: ``[r, in]``, ``B``: ``[out, r]``; Hu et al. 2021,
+    arXiv:2106.09685)."""
+
+    lora_alpha: int = 32
+    """LoRA scaling numerator: the update is ``(lora_alpha / lora_r) * B A``."""
+
+    lora_dropout: float = 0.05
+    """Dropout on the adapter's input in training mode (``[0, 1)``; the base path never sees it)."""
+
+    lora_target_modules: list[str] | None = None
+    """Names (suffixes) of the linear layers that get adapters, e.g. ``["q_proj", "k_proj", "v_proj", "o_proj"]``, or
+    ``["all-linear"]`` (every linear layer but the output head); ``None``: ``peft``'s default for the architecture
+    (``q_proj``, ``v_proj`` for Llama / SmolLM2). The output head (``lm_head``) is refused: the chunked log-prob
+    kernel reads its weight directly."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.model_name_or_path, (str, os.PathLike)) or not str(self.model_name_or_path):
             raise ValueError(f"model: expected a model name, a local folder or a Hub id, got "
@@ -89,6 +109,73 @@ class ModelConfig:
             raise ValueError(f"chat_template_kwargs: expected a mapping of template variable names to values (e.g. "
                              f"{{'enable_thinking': False}}), got {kwargs!r}.")
         self.chat_template_kwargs = dict(kwargs)
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        if not isinstance(self.use_peft, bool):
+            raise ValueError(f"use_peft: expected true or false, got {self.use_peft!r}.")
+        for name in ("lora_r", "lora_alpha"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}.")
+        if isinstance(self.lora_dropout, bool) or not isinstance(self.lora_dropout, (int, float)) \
+                or not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout: expected a probability in [0, 1), got {self.lora_dropout!r}.")
+        targets = self.lora_target_modules
+        if targets is None:
+            return
+        if isinstance(targets, str):
+            targets = [targets]
+        if not isinstance(targets, (list, tuple)) or not targets or not all(isinstance(t, str) and t
+                                                                              for t in targets):
+            raise ValueError(f"lora_target_modules: expected a non-empty list of module names (e.g. ['q_proj', "
+                             f"'v_proj'] or ['all-linear']) or None for peft's default, got "
+                             f"{self.lora_target_modules!r}.")
+        head = [t for t in targets if t.rsplit(".", 1)[-1] in ("lm_head", "embed_out", "output")]
+        if head:
+            raise ValueError(f"lora_target_modules: {head} names the output head; lit_llm's chunked log-prob kernel "
+                             f"reads the head's weight directly, so an adapter there would be ignored by the loss. "
+                             f"Adapt the backbone's layers (e.g. ['all-linear'], which leaves the head out).")
+        self.lora_target_modules = list(targets)
+
+
+def get_peft_config(config: ModelConfig):
+    """The ``peft.LoraConfig`` of the model options (TRL's ``get_peft_config``), or ``None`` when ``use_peft`` is off.
+
+    ``task_type="CAUSAL_LM"``, ``r=lora_r``, ``lora_alpha``, ``lora_dropout``, ``target_modules`` (``None``: peft's
+    default for the architecture; ``["all-linear"]`` is passed as the string peft expects), no bias training.
+    """
+    if not config.use_peft:
+        return None
+    from peft import LoraConfig
+
+    targets: Any = config.lora_target_modules
+    if targets == ["all-linear"]:
+        targets = "all-linear"
+    return LoraConfig(task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha,
+                      lora_dropout=float(config.lora_dropout), target_modules=targets, bias="none")
+
+
+def base_model_identity(model_name_or_path: str, model: Any) -> dict[str, str]:
+    """What a LoRA checkpoint records of its base model: ``{"model_name_or_path": <the model option>,
+    "config_sha256": <hex sha256 of the base config>}``.
+
+    The config hash is over ``config.to_dict()`` as sorted JSON, without the keys that say where or how it was loaded
+    rather than what the model is (``_name_or_path``, ``transformers_version``, ``dtype`` / ``torch_dtype``,
+    ``_attn_implementation*``, ``attn_implementation``).
+
+    Args:
+        model_name_or_path: the ``model`` option the base was loaded from.
+        model: the base HF causal LM, or a ``peft`` ``PeftModel`` over it (its ``get_base_model()`` is read).
+    """
+    import hashlib
+    import json
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    skip = {"_name_or_path", "transformers_version", "dtype", "torch_dtype", "attn_implementation"}
+    cfg = {k: v for k, v in base.config.to_dict().items() if k not in skip and not k.startswith("_attn_implementation")}
+    blob = json.dumps(cfg, sort_keys=True, default=str).encode()
+    return {"model_name_or_path": str(model_name_or_path), "config_sha256": hashlib.sha256(blob).hexdigest()}
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:

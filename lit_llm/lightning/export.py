@@ -1,5 +1,6 @@
 """Export a training checkpoint as a Hugging Face folder (``AutoModelForCausalLM`` / ``AutoTokenizer`` loadable), and
-load a checkpoint's (or a model name's) policy for inference (``lit-llm chat``, ``lit-llm evaluate``)."""
+load a checkpoint's module (full weights or LoRA adapters) or a model name's policy for inference (``lit-llm chat``,
+``lit-llm evaluate``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ __all__ = ["InferencePolicy", "export_checkpoint", "load_checkpoint_module", "lo
 
 def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write the policy model and tokenizer of a Lightning checkpoint as an HF folder.
+
+    A LoRA checkpoint (``use_peft``) is merged: the adapters are folded into the base weights (``peft``'s
+    ``merge_and_unload``, ``W + (lora_alpha / lora_r) * B A``), so the folder is a plain HF model (no ``peft`` needed
+    to load it) with the adapted model's outputs.
 
     The module is rebuilt by :func:`load_checkpoint_module`. The folder is written to a temporary sibling and
     renamed at the end, so a failure never leaves a half-written export; its folders get mode ``0o777 & ~umask``
@@ -33,7 +38,8 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
     Raises:
         FileNotFoundError: ``ckpt_path`` does not exist.
         FileExistsError: ``out`` exists and ``overwrite`` is False.
-        ValueError: the checkpoint's module class is not a ``PolicyModule``.
+        ValueError: the checkpoint's module class is not a ``PolicyModule``; a LoRA checkpoint whose base model
+            changed since training (see :func:`load_checkpoint_module`).
     """
 
     ckpt, target = Path(ckpt_path).expanduser(), Path(out).expanduser()
@@ -42,10 +48,13 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
         raise FileExistsError(f"lit-llm export: {str(target)!r} already exists; choose another --out or pass "
                               f"--overwrite true.")
     module = load_checkpoint_module(ckpt)
+    model = module.model
+    if callable(getattr(model, "merge_and_unload", None)):  # LoRA: a plain HF model with the adapters folded in
+        model = model.merge_and_unload()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        module.model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True)
         module.tokenizer.save_pretrained(tmp)
         _umask_permissions(tmp)
         if target.exists():
@@ -74,24 +83,33 @@ def _umask_permissions(root: Path) -> None:
             os.chmod(os.path.join(folder, name), 0o666 & ~umask)
 
 
-def load_checkpoint_module(ckpt_path: str | os.PathLike, *, who: str = "lit-llm", option: str = "--ckpt_path") -> Any:
-    """The :class:`~lit_llm.lightning.module.PolicyModule` of a ``lit-llm fit`` checkpoint, on the CPU.
+def load_checkpoint_module(ckpt_path: str | os.PathLike, *, who: str = "lit-llm", option: str = "--ckpt_path",
+                           map_location: str = "cpu") -> Any:
+    """The :class:`~lit_llm.lightning.module.PolicyModule` of a ``lit-llm fit`` checkpoint, in eval mode.
 
     The module class (``_class_path`` of the checkpoint's hyper-parameters: any ``PolicyModule`` subclass, e.g.
     ``SFTModule`` or ``GRPOModule``) and its arguments are read from the checkpoint's hyper-parameters, the weights
-    from its state dict (a weights-only checkpoint is enough).
+    from its state dict (a weights-only checkpoint is enough). A LoRA checkpoint (``use_peft``) holds only the adapter
+    weights: the base model is loaded from its ``model`` option and checked against the recorded identity (path and
+    config hash) by :meth:`PolicyModule.on_load_checkpoint`, then the adapters are restored; ``module.model`` is the
+    ``PeftModel`` with its adapters enabled (``merge_and_unload()`` gives a plain model, as
+    :func:`export_checkpoint` does).
 
     Args:
         ckpt_path: a ``.ckpt`` file written by ``lit-llm fit``.
         who, option: the command and option named in error messages.
+        map_location: where the tensors go (``torch.load``'s argument).
 
     Raises:
-        FileNotFoundError: ``ckpt_path`` does not exist.
-        ValueError: the checkpoint's module class is not a ``PolicyModule``.
+        FileNotFoundError: ``ckpt_path`` does not exist; the base model of a LoRA checkpoint cannot be loaded.
+        ValueError: the checkpoint's module class is not a ``PolicyModule``; a LoRA checkpoint whose base model
+            changed (both identities named).
     """
     ckpt = Path(ckpt_path).expanduser()
     _check_checkpoint_file(ckpt, who, option)
-    return _module_class(ckpt).load_from_checkpoint(str(ckpt), map_location="cpu", weights_only=False)
+    module = _module_class(ckpt).load_from_checkpoint(str(ckpt), map_location=map_location, weights_only=False)
+    module.eval()
+    return module
 
 
 @dataclass

@@ -43,7 +43,6 @@ Validation = greedy evaluation on the held-out prompts (:class:`~lit_llm.lightni
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -99,11 +98,13 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
     """Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) with TRL's knobs (see module docstring).
 
     Args:
-        model, dtype, attn_implementation, chat_template, chat_template_kwargs: the model options (see
-            :class:`~lit_llm.lightning.module.PolicyModule` and :class:`~lit_llm.models.ModelConfig`): the model
-            (``"smollm2-135m-instruct"``, ``"tiny"`` for tests, a local HF folder or a Hub id), its load dtype and
-            attention kernel, the chat template of prompts without ``prompt_ids`` (Jinja text, ``.jinja`` path or
-            name) and the template variables of every prompt render (rollouts and greedy evaluation).
+        model, dtype, attn_implementation, chat_template, chat_template_kwargs, use_peft, lora_r, lora_alpha,
+        lora_dropout, lora_target_modules: the model options (see :class:`~lit_llm.lightning.module.PolicyModule` and
+            :class:`~lit_llm.models.ModelConfig`): the model (``"smollm2-135m-instruct"``, ``"tiny"`` for tests, a
+            local HF folder or a Hub id), its load dtype and attention kernel, the chat template of prompts without
+            ``prompt_ids`` (Jinja text, ``.jinja`` path or name), the template variables of every prompt render
+            (rollouts and greedy evaluation) and LoRA (``peft``; the ``beta > 0`` reference is then the same model
+            with its adapters disabled, and async rollouts sync the adapter weights only).
         reward_funcs: reward functions (TRL signature, :mod:`lit_llm.rewards`): callables or specs, i.e. a
             built-in's name, ``"module:function"`` (importable, or a module in the current directory) or
             ``"path/to/rewards.py:function"`` (:func:`~lit_llm.rewards.resolve_reward`). Each receives the prompts,
@@ -170,7 +171,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: DType = "float32", attn_implementation: str | None = None,
                  chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-                 reward_funcs: Sequence[RewardSpec] = DEFAULT_REWARDS,
+                 use_peft: bool = False, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05,
+                 lora_target_modules: list[str] | None = None, reward_funcs: Sequence[RewardSpec] = DEFAULT_REWARDS,
                  reward_weights: list[float] | None = None, num_generations: int = 8, max_new_tokens: int = 32,
                  temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None,
                  loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo"] = "dapo", epsilon: float = 0.2,
@@ -191,8 +193,10 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  rollout_correction: RolloutCorrection = "none", rollout_correction_clip_max: float = 2.0,
                  rollout_correction_clip_min: float | None = None) -> None:
         super().__init__(model, dtype=dtype, attn_implementation=attn_implementation, chat_template=chat_template,
-                         chat_template_kwargs=chat_template_kwargs, optimizer=optimizer, lr_scheduler=lr_scheduler,
-                         grad_clip=grad_clip, on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
+                         chat_template_kwargs=chat_template_kwargs, use_peft=use_peft, lora_r=lora_r,
+                         lora_alpha=lora_alpha, lora_dropout=lora_dropout, lora_target_modules=lora_target_modules,
+                         optimizer=optimizer, lr_scheduler=lr_scheduler, grad_clip=grad_clip,
+                         on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
                          chunk_size=chunk_size)
         checks = {"num_generations": (num_generations, 2), "max_new_tokens": (max_new_tokens, 1),
                   "num_iterations": (num_iterations, 1), "micro_batch_size": (micro_batch_size, 1),
@@ -257,7 +261,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         self.versions = PolicyVersionSwitch(
             policy, engine=engine, rollout_mode=rollout_mode, sync_every=sync_every, max_staleness=max_staleness,
             log_prob_kwargs={"share_prompts": self.share_prompts},
-            reference_model=copy.deepcopy(self.model).eval().requires_grad_(False) if beta > 0 else None)
+            reference_model=self.reference_model() if beta > 0 else None)
         self.register_buffer("dropped_rollouts", torch.zeros((), dtype=torch.long))
         self.eval_metrics = torch.nn.ModuleDict({n: MeanMetric(nan_strategy="ignore") for n in self.eval_rewards.names})
         self._eval_rows: list[list[Any]] = []

@@ -35,7 +35,7 @@ from torch import Tensor
 from torchmetrics import SumMetric
 
 from lit_llm.lightning.versions import PolicyVersionSwitch
-from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig
+from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig, base_model_identity
 from lit_llm.objectives.sft import NonFiniteLossError, check_finite, sft_loss, sft_step_count
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 
@@ -46,7 +46,9 @@ def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for the model options: ``"smollm2-135m-instruct"`` (embedded default), ``"tiny"`` (a
     random tiny Llama over SmolLM2's tokenizer, for tests), a local HF folder or a Hub id, loaded with the options'
     ``dtype`` and ``attn_implementation``; a ``chat_template`` override is resolved (text, ``.jinja`` path or template
-    name) and set on the tokenizer, so every render without an explicit template and every export use it.
+    name) and set on the tokenizer, so every render without an explicit template and every export use it. With
+    ``use_peft`` the model is a ``peft`` ``PeftModel`` (``get_peft_model`` with
+    :func:`~lit_llm.models.get_peft_config`): LoRA adapters on ``lora_target_modules``, every base weight frozen.
 
     Args:
         config: the :class:`~lit_llm.models.ModelConfig`, or a model name (all other options at their defaults).
@@ -55,10 +57,11 @@ def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
         FileNotFoundError: unknown name / path, a Hub id not cached while ``HF_HUB_OFFLINE`` is set (see
             :func:`lit_llm.models.load_model`).
         ValueError: an invalid option (:class:`~lit_llm.models.ModelConfig`); a chat template that does not resolve
-            (:class:`~lit_llm.data.errors.ChatTemplateError`).
+            (:class:`~lit_llm.data.errors.ChatTemplateError`); ``lora_target_modules`` that match no layer of the
+            model (peft's message) or that put an adapter on the output head.
     """
     from lit_llm.data.chat_template import set_chat_template
-    from lit_llm.models import load_model, load_tokenizer, tiny_model
+    from lit_llm.models import get_peft_config, load_model, load_tokenizer, tiny_model
 
     config = config if isinstance(config, ModelConfig) else ModelConfig(str(config))
     if config.model_name_or_path == "tiny":
@@ -69,6 +72,13 @@ def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
                                       attn_implementation=config.attn_implementation)
     if config.chat_template is not None:
         set_chat_template(tokenizer, config.chat_template)
+    if config.use_peft:
+        from peft import get_peft_model
+
+        from lit_llm.policy.logprobs import lm_head
+
+        model = get_peft_model(model, get_peft_config(config))
+        lm_head(model)  # a regex target that caught the output head is refused here (the kernel reads its weight)
     return model, tokenizer
 
 
@@ -106,15 +116,18 @@ class PolicyModule(LightningModule):
     :meth:`step_denominator` and :meth:`micro_batch_loss`.
 
     Args:
-        model, dtype, attn_implementation, chat_template, chat_template_kwargs: the model options, gathered in
+        model, dtype, attn_implementation, chat_template, chat_template_kwargs, use_peft, lora_r, lora_alpha,
+        lora_dropout, lora_target_modules: the model options, gathered in
             :attr:`model_config` (a :class:`~lit_llm.models.ModelConfig`, TRL names; ``model`` is its
             ``model_name_or_path``): ``"smollm2-135m-instruct"`` (the embedded SmolLM2-135M-Instruct), ``"tiny"``
             (random tiny model, for tests), a local HF folder or a Hub id (through the HF cache); the parameter dtype
             (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"auto"``; half precision weights and a ``*-mixed``
             ``trainer.precision`` are refused at fit start); the attention kernel; a chat template override (Jinja
             text, ``.jinja`` path or template name, set on the tokenizer); the template variables of every render
-            (e.g. ``{"enable_thinking": False}``). The data modules read :attr:`tokenizer`, :attr:`chat_template`
-            and :attr:`chat_template_kwargs` from the module.
+            (e.g. ``{"enable_thinking": False}``); LoRA through ``peft`` (TRL's names: ``use_peft`` trains adapters
+            of rank ``lora_r`` scaled by ``lora_alpha / lora_r`` on ``lora_target_modules``, base frozen; see
+            :meth:`reference_model` and :meth:`on_save_checkpoint`). The data modules read :attr:`tokenizer`,
+            :attr:`chat_template` and :attr:`chat_template_kwargs` from the module.
         optimizer: optimizer factory over the model's parameters (e.g. ``torch.optim.AdamW`` with ``lr`` in the
             config).
         lr_scheduler: optional scheduler factory, stepped once per optimizer step.
@@ -128,13 +141,17 @@ class PolicyModule(LightningModule):
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: DType = "float32", attn_implementation: str | None = None,
                  chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+                 use_peft: bool = False, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05,
+                 lora_target_modules: list[str] | None = None,
                  optimizer: OptimizerCallable = torch.optim.AdamW, lr_scheduler: LRSchedulerCallable | None = None,
                  grad_clip: float | None = 1.0, on_nonfinite: Literal["raise", "skip"] = "raise",
                  gradient_checkpointing: bool = False, chunk_size: int = 1024) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model_config = ModelConfig(model, dtype=dtype, attn_implementation=attn_implementation,
-                                        chat_template=chat_template, chat_template_kwargs=chat_template_kwargs or {})
+                                        chat_template=chat_template, chat_template_kwargs=chat_template_kwargs or {},
+                                        use_peft=use_peft, lora_r=lora_r, lora_alpha=lora_alpha,
+                                        lora_dropout=lora_dropout, lora_target_modules=lora_target_modules)
         self.model_name = self.model_config.model_name_or_path
         # Plain attributes read by the data modules (their own chat_template wins when set).
         self.chat_template: str | None = self.model_config.chat_template
@@ -143,6 +160,8 @@ class PolicyModule(LightningModule):
         self.model.train()  # load_model returns eval mode; Lightning keeps submodule modes as they are
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+            if use_peft:  # frozen embeddings: the checkpointed blocks' inputs must require grad for the adapters'
+                self.model.enable_input_require_grads()
         self.optimizer_factory, self.lr_scheduler_factory = optimizer, lr_scheduler
         self.grad_clip, self.on_nonfinite, self.chunk_size = grad_clip, on_nonfinite, chunk_size
         # Persistent counters (saved in checkpoints, so resumed runs continue the curves).
@@ -175,16 +194,96 @@ class PolicyModule(LightningModule):
 
     # ------------------------------------------------------------------------------------------------ resuming
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the optimizer classes (``"lit_llm_optimizers"``), so that a resume can name a changed one."""
+        """Record the optimizer classes (``"lit_llm_optimizers"``), so that a resume can name a changed one.
+
+        With ``use_peft``: drop the frozen base weights from ``checkpoint["state_dict"]`` (the adapters, which are the
+        only trained weights, and the module's counters stay; the optimizer state covers the adapters only) and
+        record ``"lit_llm_peft"``: the base model's identity (:func:`~lit_llm.models.base_model_identity`: the
+        ``model`` option and its config hash), the LoRA options and the names of the trained weights. A resume,
+        ``validate``, ``lit-llm export`` and :func:`~lit_llm.lightning.export.load_checkpoint_module` reload
+        the base from the ``model`` option (:meth:`on_load_checkpoint`)."""
         opts = self.trainer.optimizers if self._trainer is not None else []
         checkpoint["lit_llm_optimizers"] = [f"{type(o).__module__}.{type(o).__qualname__}" for o in opts]
+        if not self.model_config.use_peft:
+            return
+        trainable = self._trainable_keys()
+        state = checkpoint["state_dict"]
+        for key in [k for k in state if k.startswith("model.") and k not in trainable]:
+            del state[key]
+        c = self.model_config
+        checkpoint["lit_llm_peft"] = {
+            "base_model": base_model_identity(c.model_name_or_path, self.model),
+            "lora": {"lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_dropout": c.lora_dropout,
+                     "lora_target_modules": c.lora_target_modules},
+            "trainable": sorted(trainable)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep what :meth:`on_train_start` compares with the optimizer this run configured, and the checkpoint's
-        step (:attr:`eval_step`)."""
+        """Keep what :meth:`on_train_start` compares with the optimizer this run configured and the checkpoint's
+        step (:attr:`eval_step`); for a LoRA checkpoint,
+        check the base model and put this module's (frozen, just loaded) base weights back into
+        ``checkpoint["state_dict"]`` so that the strict ``load_state_dict`` that follows restores the adapters.
+
+        Raises:
+            ValueError: a LoRA checkpoint loaded into a module without ``use_peft`` or the reverse (both named, with the
+                fix); a LoRA checkpoint over another base model (path or config hash differ: both identities named);
+                other LoRA settings (rank, alpha or target modules).
+        """
         self._resumed_optimizers = (checkpoint.get("lit_llm_optimizers"),
                                     [o.get("param_groups", []) for o in checkpoint.get("optimizer_states", [])])
         self._checkpoint_step = int(checkpoint.get("global_step", 0))
+        record = checkpoint.get("lit_llm_peft")
+        if record is None and not self.model_config.use_peft:
+            return
+        self._check_peft_checkpoint(record)
+        state, trainable = checkpoint["state_dict"], self._trainable_keys()
+        for key, value in self.state_dict().items():
+            if key.startswith("model.") and key not in trainable and key not in state:
+                state[key] = value
+
+    def _trainable_keys(self) -> set[str]:
+        """State-dict keys (``model.<name>``) of the model's trainable parameters (the LoRA adapters)."""
+        return {f"model.{n}" for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def _check_peft_checkpoint(self, record: dict[str, Any] | None) -> None:
+        """See :meth:`on_load_checkpoint`."""
+        c = self.model_config
+        if record is None:
+            raise ValueError(
+                "model.use_peft is true but the checkpoint holds full weights (written with use_peft false): it has "
+                "no LoRA adapters to restore. Resume with use_peft false, or start LoRA from those weights: lit-llm "
+                "export the checkpoint and set model: <exported folder> (without --ckpt_path).")
+        saved = record["base_model"]
+        if not c.use_peft:
+            raise ValueError(
+                f"The checkpoint holds LoRA adapters over {saved['model_name_or_path']!r} (written with use_peft "
+                f"true), but this module has use_peft false. Resume with the checkpoint's model options (use_peft: "
+                f"true, {record['lora']}), or merge it with lit-llm export and start a new run from the folder.")
+        mine = base_model_identity(c.model_name_or_path, self.model)
+        if mine["config_sha256"] != saved["config_sha256"] or not _same_model_path(mine["model_name_or_path"],
+                                                                                      saved["model_name_or_path"]):
+            raise ValueError(
+                f"The LoRA checkpoint was trained on base model {saved['model_name_or_path']!r} (config sha256 "
+                f"{saved['config_sha256'][:12]}), but this module loads {mine['model_name_or_path']!r} (config sha256 "
+                f"{mine['config_sha256'][:12]}); adapters only make sense over the base they were trained on. Set "
+                f"model: {saved['model_name_or_path']} (the same folder, unchanged), or start a new run.")
+        theirs, ours = set(record["trainable"]), self._trainable_keys()
+        saved_lora = record["lora"]
+        if theirs != ours or saved_lora["lora_r"] != c.lora_r or saved_lora["lora_alpha"] != c.lora_alpha:
+            now = {"lora_r": c.lora_r, "lora_alpha": c.lora_alpha, "lora_dropout": c.lora_dropout,
+                   "lora_target_modules": c.lora_target_modules}
+            diff = sorted(theirs ^ ours)
+            raise ValueError(
+                f"The LoRA checkpoint's adapters ({saved_lora}) do not match this module's ({now})"
+                + (f": {len(diff)} adapter weights differ, e.g. {diff[:3]}" if diff else "")
+                + ". Resume with the checkpoint's lora_r, lora_alpha and lora_target_modules.")
+
+    def reference_model(self) -> torch.nn.Module:
+        """The frozen KL reference (``beta`` / ``kl_coef > 0``): with ``use_peft`` the trained ``PeftModel`` itself (the
+        :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` scores it with the adapters disabled, i.e. the base
+        model: no second copy of the weights); else a frozen deep copy of the initial model (eval mode, no grad)."""
+        if self.model_config.use_peft:
+            return self.model
+        return copy.deepcopy(self.model).eval().requires_grad_(False)
 
     @property
     def eval_step(self) -> int:
@@ -400,13 +499,14 @@ class SFTModule(PolicyModule):
     real token (attention-masked, ``get_generic_dist``).
 
     Args:
-        model, dtype, attn_implementation, chat_template, chat_template_kwargs: the model options (see
-            :class:`PolicyModule` and :class:`~lit_llm.models.ModelConfig`).
+        model, dtype, attn_implementation, chat_template, chat_template_kwargs, use_peft, lora_r, lora_alpha,
+        lora_dropout, lora_target_modules: the model options (see :class:`PolicyModule` and
+            :class:`~lit_llm.models.ModelConfig`).
         loss: the loss head, ``"sft"``, ``"rlhf"`` or ``"generic"``.
         normalization: ``"token"`` = mean over the trained tokens of the whole optimizer step (all micro-batches,
             all ranks); ``"sequence"`` = each sequence's token mean, averaged over the step's sequences.
         kl_coef: weight of the k3 KL-to-reference term (``> 0`` keeps a frozen copy of the initial model, not
-            saved in checkpoints).
+            saved in checkpoints; with ``use_peft`` the reference is the same model with its adapters disabled).
         token_accuracy: log the mean token accuracy (argmax hits from the log-prob kernel's chunks: no extra
             LM-head pass).
         optimizer, lr_scheduler, grad_clip, on_nonfinite, gradient_checkpointing, chunk_size: see
@@ -415,14 +515,18 @@ class SFTModule(PolicyModule):
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: DType = "float32", attn_implementation: str | None = None,
                  chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-                 loss: Literal["sft", "rlhf", "generic"] = "sft", normalization: Literal["token", "sequence"] = "token",
+                 use_peft: bool = False, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05,
+                 lora_target_modules: list[str] | None = None, loss: Literal["sft", "rlhf", "generic"] = "sft",
+                 normalization: Literal["token", "sequence"] = "token",
                  kl_coef: float = 0.0, token_accuracy: bool = True, optimizer: OptimizerCallable = torch.optim.AdamW,
                  lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
                  on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
                  chunk_size: int = 1024) -> None:
         super().__init__(model, dtype=dtype, attn_implementation=attn_implementation, chat_template=chat_template,
-                         chat_template_kwargs=chat_template_kwargs, optimizer=optimizer, lr_scheduler=lr_scheduler,
-                         grad_clip=grad_clip, on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
+                         chat_template_kwargs=chat_template_kwargs, use_peft=use_peft, lora_r=lora_r,
+                         lora_alpha=lora_alpha, lora_dropout=lora_dropout, lora_target_modules=lora_target_modules,
+                         optimizer=optimizer, lr_scheduler=lr_scheduler, grad_clip=grad_clip,
+                         on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
                          chunk_size=chunk_size)
         if loss not in ("sft", "rlhf", "generic"):
             raise ValueError(f"SFTModule: loss must be 'sft', 'rlhf' or 'generic', got {loss!r}.")
@@ -435,9 +539,9 @@ class SFTModule(PolicyModule):
         # The generate version answers greedily (ValidationSamples); its log-prob version scores at temperature 1.
         policy = TransformersWrapper(self.model, tokenizer=self.tokenizer, input_mode="tokens",
                                      generate_kwargs={"max_new_tokens": 64, "do_sample": False}, chunk_size=chunk_size)
-        # a reference copy (kl_coef > 0) lives in the callback: not trained, not checkpointed, not exported
-        self.versions = PolicyVersionSwitch(
-            policy, reference_model=copy.deepcopy(self.model).eval().requires_grad_(False) if kl_coef > 0 else None)
+        # the reference (kl_coef > 0) lives in the callback: not trained, not checkpointed, not exported (with LoRA:
+        # the trained model with its adapters disabled)
+        self.versions = PolicyVersionSwitch(policy, reference_model=self.reference_model() if kl_coef > 0 else None)
         self.val_sums = torch.nn.ModuleDict({k: SumMetric() for k in ("nll_sum", "num_tokens", "hits", "entropy_sum")})
 
     @property
@@ -508,3 +612,13 @@ class SFTModule(PolicyModule):
         self.log_dict({"val/loss": nll, "val/ppl": torch.exp(nll), "val/token_accuracy": sums["hits"] / n,
                        "val/entropy": sums["entropy_sum"] / n, "val/tokens": sums["num_tokens"]},
                       prog_bar=False, batch_size=1, sync_dist=False)
+
+
+def _same_model_path(a: str, b: str) -> bool:
+    """Two ``model`` options name the same base: equal strings, or two paths of one existing folder."""
+    from pathlib import Path
+
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.is_dir() and pb.is_dir() and pa.resolve() == pb.resolve()

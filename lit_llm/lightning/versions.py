@@ -10,9 +10,12 @@ drop it. It is the only place where:
   to training mode;
 * rollouts are produced (GRPO): in synchronous mode at ``on_train_batch_start`` by the rollout engine over the
   generate version (rollout workers served by the threaded batcher), in asynchronous mode by a background producer
-  over a copy of the weights that this callback owns, syncs every ``sync_every`` optimizer steps and bounds in
-  staleness (``max_staleness``: older rollouts are dropped, jointly on every rank); either way the rollout is handed
-  to the module's loss, which scores it with :attr:`PolicyVersionSwitch.log_prob_version`'s masked distribution;
+  over a copy of the weights that this callback owns, syncs every ``sync_every`` optimizer steps (with LoRA: the
+  adapter weights only) and bounds in staleness (``max_staleness``: older rollouts are dropped, jointly on every
+  rank); either way the rollout is handed to the module's loss, which scores it with
+  :attr:`PolicyVersionSwitch.log_prob_version`'s masked distribution;
+* the KL reference is scored (``beta`` / ``kl_coef > 0``): a frozen copy, or with LoRA the trained model with its
+  adapters disabled (:attr:`PolicyVersionSwitch.reference_version`);
 * greedy answers are generated (evaluation, :class:`~lit_llm.lightning.callbacks.ValidationSamples`): through
   ``get_new_version(greedy settings)`` of the generate version.
 """
@@ -57,7 +60,9 @@ class PolicyVersionSwitch(Callback):
         sync_every: async: optimizer steps between weight copies to the producer (>= 1).
         max_staleness: async: drop rollouts generated more than this many optimizer steps ago (>= 0).
         log_prob_kwargs: extra ``get_new_version`` arguments of the log-prob version (e.g. ``share_prompts``).
-        reference_model: a frozen reference model (KL term); its log-prob version is :attr:`reference_version`.
+        reference_model: a frozen reference model (KL term); its log-prob version is :attr:`reference_version`. With
+            LoRA, the trained ``PeftModel`` itself: the reference version is then the log-prob version with its
+            adapters disabled (``get_new_version(disable_adapter=True)``: the base model, no second copy).
 
     Attributes:
         generate_version, log_prob_version, reference_version (or ``None``), engine, async_rollouts (or ``None``).
@@ -83,7 +88,12 @@ class PolicyVersionSwitch(Callback):
         self.log_prob_version = generate_version.get_new_version(generate=False, batching=False,
                                                                  **(log_prob_kwargs or {}))
         self.reference_version = None
-        if reference_model is not None:
+        if reference_model is generate_version.model:  # LoRA: the trained PeftModel with its adapters disabled
+            if not callable(getattr(reference_model, "disable_adapter", None)):
+                raise ValueError("PolicyVersionSwitch: reference_model is the trained model itself, which is only a "
+                                 "reference with its peft adapters disabled; pass a frozen copy for a plain model.")
+            self.reference_version = self.log_prob_version.get_new_version(disable_adapter=True)
+        elif reference_model is not None:
             self.reference_version = type(self.log_prob_version)(reference_model, **{
                 **self.log_prob_version._settings(), **self.log_prob_version._batching_settings()})
         self.engine, self.rollout_mode = engine, rollout_mode
@@ -102,6 +112,11 @@ class PolicyVersionSwitch(Callback):
     def model(self) -> torch.nn.Module:
         """The trained model (shared by both versions)."""
         return self.generate_version.model
+
+    @property
+    def is_peft(self) -> bool:
+        """Whether the trained model is a ``peft`` ``PeftModel`` (LoRA)."""
+        return callable(getattr(self.model, "get_base_model", None))
 
     def precision_context(self) -> AbstractContextManager:
         """The trainer's precision context (autocast under ``bf16-mixed``), as Lightning enters it around
@@ -238,8 +253,8 @@ class PolicyVersionSwitch(Callback):
         if producer is None:
             return
         step = trainer.global_step
-        if step % self.sync_every == 0:
-            producer.sync_weights(self.model, step)
+        if step % self.sync_every == 0:  # with LoRA, the adapter weights only (the copy's base is frozen)
+            producer.sync_weights(self.model, step, trainable_only=self.is_peft)
             self.num_syncs += 1
         else:
             producer.set_trainer_version(step)

@@ -233,7 +233,7 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
 
     def _forward_in_context(self, td: TensorDictBase, *, context: tuple[bool, torch.dtype | None],
                             **kwargs: Any) -> TensorDictBase:
-        with in_context(context, self.device.type):
+        with in_context(context, self.device.type), self._model_context():
             return self._forward_dispatch(td, **kwargs)
 
     def _forward_dispatch(self, td: TensorDictBase, *, tensordict_out: TensorDictBase | None = None,

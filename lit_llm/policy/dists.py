@@ -12,6 +12,7 @@ an error (property 2) and its response ends at the stop token (properties 3 and 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -306,8 +307,12 @@ class MaskedDistributionsMixin:
         return dist
 
     def _dist_hidden_in_context(self, layout: DistLayout, *, context: tuple[bool, torch.dtype | None]):
-        with in_context(context, layout.tokens.device.type):
+        with in_context(context, layout.tokens.device.type), self._model_context():
             return self._dist_hidden_states(layout)
+
+    def _model_context(self) -> AbstractContextManager:
+        """The context every model call of this wrapper runs in (subclasses: e.g. peft adapters disabled)."""
+        return nullcontext()
 
     def _scorable(self, layout: DistLayout) -> Tensor:
         """``[B, T]`` bool: the positions that have a prediction."""

@@ -19,14 +19,29 @@ from torch import Tensor
 from lit_llm.policy.generation import cache_kwarg, pad_rows
 from lit_llm.policy.kernel import IGNORE_INDEX, _check_scalars, chunked_token_log_probs, naive_token_log_probs
 
-__all__ = ["IGNORE_INDEX", "chunked_token_log_probs", "completion_hidden_states", "completion_log_probs",
-           "model_token_log_probs", "naive_token_log_probs", "token_hidden_states"]
+__all__ = ["IGNORE_INDEX", "base_causal_lm", "chunked_token_log_probs", "completion_hidden_states",
+           "completion_log_probs", "model_token_log_probs", "naive_token_log_probs", "token_hidden_states"]
 
 _UNSUPPORTED_HEAD_CONFIG = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
+def base_causal_lm(model):
+    """The HF causal LM that computes ``model``'s outputs: for a ``peft`` ``PeftModel``, ``model.get_base_model()``
+    (the base model with the adapter layers injected in place, so it computes the *adapted* outputs while the adapters
+    are enabled); any other model itself.
+
+    A ``PeftModel`` forwards unknown attributes to the base causal LM, so ``peft_model.model`` is the whole
+    ``*ForCausalLM`` (not its backbone): reading the backbone through it would feed logits where hidden states are
+    expected. Every model-level entry point here unwraps with this function first.
+    """
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
 def _backbone_and_head(model, name: str = "model_token_log_probs"):
-    """``(backbone, head)`` of an HF causal LM; raises when the head post-processes logits the kernel cannot mimic."""
+    """``(backbone, head)`` of an HF causal LM (a ``PeftModel`` is unwrapped with :func:`base_causal_lm`); raises when
+    the head post-processes logits the kernel cannot mimic or carries a LoRA adapter the kernel would skip."""
+    model = base_causal_lm(model)
     config = getattr(model, "config", None)
     for key in _UNSUPPORTED_HEAD_CONFIG:
         value = getattr(config, key, None)
@@ -44,14 +59,20 @@ def _backbone_and_head(model, name: str = "model_token_log_probs"):
             f"{name}: {type(model).__name__} must be an HF causal LM with a backbone (model.model or "
             f"model.get_decoder()) and a linear head (model.get_output_embeddings()); pass an AutoModelForCausalLM."
         )
+    if hasattr(head, "base_layer"):  # a peft tuner layer: its forward adds the adapter, its .weight does not
+        raise ValueError(
+            f"{name}: the output head carries a peft adapter ({type(head).__name__}); the chunked kernel reads the "
+            f"head's weight and would ignore it. Leave the head out of lora_target_modules (e.g. ['all-linear'])."
+        )
     return backbone, head
 
 
 def lm_head(model) -> tuple[Tensor, Tensor | None]:
-    """``(weight [V, H], bias [V] or None)`` of an HF causal LM's output head, checked as the kernel needs it.
+    """``(weight [V, H], bias [V] or None)`` of an HF causal LM's output head (a ``PeftModel``'s base model's), checked
+    as the kernel needs it.
 
     Raises:
-        ValueError: no backbone or linear head.
+        ValueError: no backbone or linear head; a head with a peft adapter.
         NotImplementedError: the config post-processes logits (softcapping, logit scale).
     """
     _, head = _backbone_and_head(model, "lm_head")
@@ -111,7 +132,8 @@ def token_hidden_states(model, input_ids: Tensor, attention_mask: Tensor) -> Ten
     looked at. Keeps autograd (gradients reach the backbone's parameters when grad is enabled).
 
     Args:
-        model: an HF ``*ForCausalLM`` (e.g. ``LlamaForCausalLM``).
+        model: an HF ``*ForCausalLM`` (e.g. ``LlamaForCausalLM``), or a ``peft`` ``PeftModel`` over one (its
+            :func:`base_causal_lm`'s backbone runs, adapters included while enabled).
         input_ids: ``[B, T]`` long token ids, left- **or** right-padded.
         attention_mask: ``[B, T]`` bool or 0/1 integers; 1 = real token; one contiguous block of 1s per row.
 

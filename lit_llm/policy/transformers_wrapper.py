@@ -19,6 +19,7 @@ generation, ``truncated`` (``[B]`` bool, TorchRL's name: the row hit ``max_new_t
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
 import torch
@@ -30,7 +31,13 @@ from lit_llm.policy.common import LLMWrapperBase
 from lit_llm.policy.dists import DistLayout
 from lit_llm.policy.generation import generate_tokens, pad_rows, resolve_generation_config, standardize_generate_kwargs
 from lit_llm.policy.inputs import LogProbInputsMixin, check_id_dtype, history_rows
-from lit_llm.policy.logprobs import completion_hidden_states, lm_head, model_token_log_probs, token_hidden_states
+from lit_llm.policy.logprobs import (
+    base_causal_lm,
+    completion_hidden_states,
+    lm_head,
+    model_token_log_probs,
+    token_hidden_states,
+)
 from lit_llm.policy.rows import _key, read_rows, read_strings
 from lit_llm.policy.sampling import row_seed
 
@@ -44,7 +51,9 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
     """A transformers causal LM wrapped as a tensordict module (TorchRL's ``TransformersWrapper`` API).
 
     Args:
-        model: an HF ``*ForCausalLM`` (shared, never copied, by every :meth:`get_new_version`).
+        model: an HF ``*ForCausalLM`` (shared, never copied, by every :meth:`get_new_version`), or a ``peft``
+            ``PeftModel`` over one (LoRA): generation and the log-prob kernel run its ``get_base_model()``, which
+            holds the adapter layers, so both versions compute the adapted model.
         tokenizer: its tokenizer (required except in ``"tokens"`` mode).
         input_mode: ``"history"`` (chat messages, rendered with ``chat_template``), ``"text"`` (strings tokenised
             with ``tokenizer_kwargs``) or ``"tokens"`` (1-D id tensors).
@@ -92,6 +101,10 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             through the backbone once and the completions on top of its KV cache
             (:func:`~lit_llm.policy.logprobs.completion_hidden_states`). ``False`` runs the full rows (needed under
             gradient checkpointing in training mode, which turns the cache off). Same values and gradients either way.
+        disable_adapter: run every model call of this version inside the ``PeftModel``'s ``disable_adapter()``
+            context, i.e. as the base model without its adapters (e.g. the KL reference of a LoRA policy: no second
+            copy of the weights). The switch is a flag on the shared model's adapter layers: a call of another version
+            of the same model must not run concurrently (the training loop calls the versions one after another).
 
     Sampling seeds (generate version): when the input has the per-row key ``"sampling_seed"`` (an integer, int64
     recommended: ``[B]`` dense, or a 0-d entry per row of a lazy stack), sample ``k`` of row ``b`` (``k = 0`` without
@@ -145,9 +158,16 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         temperature: float | None = None,
         chunk_size: int = 1024,
         share_prompts: bool = True,
+        disable_adapter: bool = False,
     ) -> None:
         super().__init__()
         model, tokenizer = _resolve_model(model, tokenizer)
+        if not isinstance(disable_adapter, bool):
+            raise ValueError(f"disable_adapter must be a bool, got {disable_adapter!r}.")
+        if disable_adapter and not callable(getattr(model, "disable_adapter", None)):
+            raise ValueError(f"disable_adapter=True needs a peft PeftModel (a model with adapters to disable), got "
+                             f"{type(model).__name__}.")
+        self.disable_adapter = disable_adapter
         self.generate_kwargs = standardize_generate_kwargs(generate_kwargs)
         self.generation_config = resolve_generation_config(self.generate_kwargs, model, tokenizer)
         # as passed (None = derived below), so get_new_version re-derives them from overridden generate_kwargs
@@ -193,7 +213,11 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
                 "chat_template": None if self.chat_template_name else self.chat_template,
                 "chat_template_name": self.chat_template_name, "temperature": self._user_temperature,
                 "num_samples": self._user_num_samples, "chunk_size": self.chunk_size,
-                "share_prompts": self.share_prompts}
+                "share_prompts": self.share_prompts, "disable_adapter": self.disable_adapter}
+
+    def _model_context(self) -> AbstractContextManager:
+        """``model.disable_adapter()`` with ``disable_adapter=True``, else a no-op."""
+        return self.model.disable_adapter() if self.disable_adapter else nullcontext()
 
     @property
     def device(self) -> torch.device:
@@ -301,8 +325,8 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
 
         prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
         dev = self.device
-        gen = generate_tokens(self.model, [p.to(dev) for p in prompts], self.generation_config, device=dev,
-                              seeds=seeds, tokenizer=self.tokenizer)
+        gen = generate_tokens(base_causal_lm(self.model), [p.to(dev) for p in prompts], self.generation_config,
+                              device=dev, seeds=seeds, tokenizer=self.tokenizer)
         prompts = [p.to(dev) for p in prompts]
         resp, resp_lp = gen.response_ids, gen.response_log_probs
         full = [torch.cat([p, r]) for p, r in zip(prompts, resp)]

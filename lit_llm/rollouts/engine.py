@@ -324,11 +324,20 @@ class RolloutEngine:
 
     # ----------------------------------------------------------------------------------------------- weights
     @torch.no_grad()
-    def load_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
+    def load_weights(self, state_dict: Mapping[str, Tensor], version: int, *, strict: bool = True) -> None:
         """Copy ``state_dict`` into the sampling model and set :attr:`version` (the asynchronous mode).
 
+        Args:
+            state_dict: the weights (every key of the model's state dict, or with ``strict=False`` a subset, e.g. the
+                LoRA adapter weights over a frozen base the sampling model already holds).
+            version: their version (optimizer steps).
+            strict: every key of the model required.
+
         Raises:
-            RuntimeError: the state dict does not match the model (missing / unexpected keys, shapes).
+            RuntimeError: the state dict does not match the model (missing keys when ``strict``, unexpected keys,
+                shapes).
         """
-        self.model.load_state_dict(state_dict, strict=True)
+        result = self.model.load_state_dict(state_dict, strict=strict)
+        if result.unexpected_keys:
+            raise RuntimeError(f"RolloutEngine.load_weights: the sampling model has no {result.unexpected_keys[:5]}.")
         self.version = int(version)

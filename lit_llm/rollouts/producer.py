@@ -67,7 +67,7 @@ class AsyncRollouts:
         self.trainer_version = engine.version
         self.num_dropped = 0
         self.num_produced = 0
-        self._staged: tuple[dict[str, Tensor], int] | None = None
+        self._staged: tuple[dict[str, Tensor], int, bool] | None = None
         self._lock = threading.Lock()
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
@@ -98,17 +98,23 @@ class AsyncRollouts:
 
     # ----------------------------------------------------------------------------------------- trainer side
     @torch.no_grad()
-    def sync_weights(self, source: torch.nn.Module | Mapping[str, Tensor], version: int) -> None:
+    def sync_weights(self, source: torch.nn.Module | Mapping[str, Tensor], version: int, *,
+                     trainable_only: bool = False) -> None:
         """Stage a copy of the trained weights; the producer loads them before its next batch.
 
         Args:
             source: the trained model (or its state dict); tensors are cloned now, so training may go on.
             version: the trained policy's version (optimizer steps), also recorded as the trainer version.
+            trainable_only: stage only the parameters that require grad (``source`` must be a module), e.g. the LoRA
+                adapters: the copy's frozen base never changes, so only the adapters are copied.
         """
-        state = source.state_dict() if isinstance(source, torch.nn.Module) else source
+        if trainable_only:
+            state = {k: p for k, p in source.named_parameters() if p.requires_grad}  # type: ignore[union-attr]
+        else:
+            state = source.state_dict() if isinstance(source, torch.nn.Module) else source
         staged = {k: v.detach().clone() for k, v in state.items()}
         with self._lock:
-            self._staged = (staged, int(version))
+            self._staged = (staged, int(version), not trainable_only)
         self.set_trainer_version(version)
 
     def set_trainer_version(self, version: int) -> None:
@@ -129,7 +135,8 @@ class AsyncRollouts:
                 with self._lock:
                     staged, self._staged = self._staged, None
                 if staged is not None:
-                    self.engine.load_weights(*staged)
+                    weights, version, strict = staged
+                    self.engine.load_weights(weights, version, strict=strict)
                 with torch.no_grad(), self.rollout_context():
                     td = self.engine.rollout(batch, step=step)
                 step += 1

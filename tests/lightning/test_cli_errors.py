@@ -37,7 +37,8 @@ def error_lines(args: list[str], capsys) -> list[str]:
 
 PARSE_ERRORS = [
     (GRPO, ["--model.init_args.loss_type", "dapo2"],
-     "--model.init_args.loss_type: 'dapo2' is not allowed; use one of: dapo, grpo, dr_grpo, bnpo, cispo (did you mean dapo?)"),
+     "--model.init_args.loss_type: 'dapo2' is not allowed; use one of: dapo, grpo, dr_grpo, bnpo, cispo "
+     "(did you mean dapo?)"),
     (GRPO, ["--model.rollout_mode", "asynch"],  # the short form names the canonical option
      "--model.init_args.rollout_mode: 'asynch' is not allowed; use one of: sync, async (did you mean async?)"),
     (SFT, ["--model.loss", "rlfh"],
