@@ -9,7 +9,7 @@ message), batch 8 (no accumulation), ``max_length`` 512, completion-only loss, o
   :class:`~lit_llm.lightning.SFTDataModule` (``format="gsm8k"``, length-grouped batches, the default) and
   ``precision="32-true"`` or ``"bf16-mixed"``. No logger, no checkpoints, no validation.
 - ``ours-packed`` (``--packing``): the same with ``SFTDataModule(packing=True)``: each step's rows (the same rows as
-  ``ours``) packed into sequences of at most ``max_length`` tokens (best-fit decreasing), position ids restarting per
+  ``ours``) packed into sequences of at most ``max_length`` tokens (least-padding packs), position ids restarting per
   row, rows never attending to each other (:mod:`lit_llm.data.packing`).
 - ``trl``: ``trl.SFTTrainer`` with a conversational prompt/completion dataset, ``completion_only_loss=True``,
   ``per_device_train_batch_size=8``, ``max_length=512``, ``use_cpu=True`` and ``bf16=True`` for bf16 (its default

@@ -6,9 +6,12 @@ data module truncates them when tokenising), right-padded to the longest pack. `
 first token of every row, which is how the model tells the rows apart: transformers builds a block-diagonal causal
 mask from ``position_ids`` when it gets **no** attention mask and **no** KV cache (``use_cache=False``; see
 :func:`lit_llm.policy.logprobs.token_hidden_states`), and flash-attention's varlen kernels read the same
-``position_ids`` on GPU (documented by transformers, not tested here). The packing is TRL's ``packing=True`` with its
-default best-fit-decreasing strategy (``trl.data_utils.pack_dataset(..., strategy="bfd")``), applied to one
-micro-batch's rows at a time so that an optimizer step holds exactly the rows it holds without packing.
+``position_ids`` on GPU (documented by transformers, not tested here). Packing is applied to one micro-batch's rows
+at a time, so an optimizer step holds exactly the rows it holds without packing. Two strategies:
+:func:`least_padding_packs` (the default: the number of packs and their balance that put the fewest positions
+through the model -- never more than the unpacked micro-batch, which is its ``k = N`` candidate) and TRL's
+``packing=True`` default, best fit decreasing (:func:`best_fit_decreasing`, ``trl.data_utils.pack_dataset(...,
+strategy="bfd")``), which fills packs to ``max_length`` but leaves the last ones short (padding up to the longest).
 
 Losses are formed per original row: :func:`unpack_rows` gathers any ``[P, L, ...]`` per-position tensor back to the
 ``[N, T]`` layout of :func:`lit_llm.data.datasets.collate` on the same rows (same order), so token and sequence
@@ -25,7 +28,7 @@ from torch import Tensor
 
 from lit_llm.data.datasets import TokenizedExample
 
-__all__ = ["PACKED_KEYS", "best_fit_decreasing", "collate_packed", "is_packed", "unpack_rows"]
+__all__ = ["PACKED_KEYS", "best_fit_decreasing", "collate_packed", "is_packed", "least_padding_packs", "unpack_rows"]
 
 PACKED_KEYS = ("position_ids", "row_index", "unpack_index", "row_lengths")
 """Keys a packed micro-batch holds beyond the unpacked one's (see :func:`collate_packed`)."""
@@ -50,12 +53,7 @@ def best_fit_decreasing(lengths: Sequence[int], max_length: int) -> list[list[in
         ValueError: ``max_length < 1``, a length below 1, or a row longer than ``max_length`` (rows are never split:
             truncate them first, as ``SFTDataModule`` does with its ``max_length``).
     """
-    if max_length < 1:
-        raise ValueError(f"best_fit_decreasing: max_length must be >= 1, got {max_length}.")
-    for i, n in enumerate(lengths):
-        if n < 1 or n > max_length:
-            raise ValueError(f"best_fit_decreasing: row {i} has {n} tokens; every row needs 1..max_length="
-                             f"{max_length} tokens (rows are never split across packs; truncate them to max_length).")
+    _check_lengths("best_fit_decreasing", lengths, max_length)
     packs: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
@@ -70,13 +68,66 @@ def best_fit_decreasing(lengths: Sequence[int], max_length: int) -> list[list[in
     return packs
 
 
-def collate_packed(samples: Sequence[TokenizedExample], *, pad_token_id: int, max_length: int) -> dict[str, Any]:
+def _check_lengths(name: str, lengths: Sequence[int], max_length: int) -> None:
+    if max_length < 1:
+        raise ValueError(f"{name}: max_length must be >= 1, got {max_length}.")
+    for i, n in enumerate(lengths):
+        if n < 1 or n > max_length:
+            raise ValueError(f"{name}: row {i} has {n} tokens; every row needs 1..max_length={max_length} tokens "
+                             f"(rows are never split across packs; truncate them to max_length).")
+
+
+def least_padding_packs(lengths: Sequence[int], max_length: int) -> list[list[int]]:
+    """Group row indices into packs of total length ``<= max_length`` so that ``P * L`` (packs times the longest
+    pack: the positions a right-padded ``[P, L]`` batch puts through the model) is smallest.
+
+    For each candidate number of packs ``k`` from ``ceil(sum / max_length)`` to ``N``, rows are dealt longest first
+    to the currently shortest pack (LPT scheduling, Graham 1969); a ``k`` whose deal overflows ``max_length`` is
+    skipped; :func:`best_fit_decreasing`'s packs are one more candidate (LPT can miss a tight fit that BFD finds).
+    The cheapest candidate wins; ties go to more (hence shorter) packs, whose attention costs less. ``k = N`` is one
+    row per pack, the unpacked layout, so the result never pads more than the unpacked micro-batch, nor more than
+    best fit decreasing.
+    Deterministic; every index appears in exactly one pack; no row is split.
+
+    Args:
+        lengths: token count of each row (``>= 1``).
+        max_length: the pack capacity in tokens (``>= 1``).
+
+    Returns:
+        Packs, each a list of row indices in the order they were placed (no empty pack).
+
+    Raises:
+        ValueError: ``max_length < 1``, a length below 1, or a row longer than ``max_length``.
+    """
+    _check_lengths("least_padding_packs", lengths, max_length)
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bfd = best_fit_decreasing(lengths, max_length)
+    best = (len(bfd) * max(sum(lengths[i] for i in p) for p in bfd), -len(bfd), bfd)
+    for k in range(-(-sum(lengths) // max_length), len(lengths) + 1):
+        packs: list[list[int]] = [[] for _ in range(k)]
+        fill = [0] * k
+        for i in order:
+            j = min(range(k), key=lambda j: (fill[j], j))
+            if fill[j] + lengths[i] > max_length:
+                break
+            packs[j].append(i)
+            fill[j] += lengths[i]
+        else:
+            cost = (k * max(fill), -k)
+            if cost < best[:2]:
+                best = (*cost, packs)
+    return best[2]
+
+
+def collate_packed(samples: Sequence[TokenizedExample], *, pad_token_id: int, max_length: int,
+                   strategy: str = "least_padding") -> dict[str, Any]:
     """Pack tokenised rows into ``P`` sequences of at most ``max_length`` tokens (see the module docstring).
 
     Args:
         samples: ``N >= 1`` rows, each of ``1..max_length`` tokens.
         pad_token_id: id written at padding (padding is read from ``attention_mask`` only, never from ids).
         max_length: pack capacity in tokens.
+        strategy: ``"least_padding"`` (:func:`least_padding_packs`) or ``"bfd"`` (:func:`best_fit_decreasing`).
 
     Returns:
         ``{"input_ids": [P, L] long, "attention_mask": [P, L] long (0 at padding), "position_ids": [P, L] long (0 at
@@ -88,12 +139,14 @@ def collate_packed(samples: Sequence[TokenizedExample], *, pad_token_id: int, ma
         ``j >= row_lengths[r]``); :func:`unpack_rows` uses it.
 
     Raises:
-        ValueError: ``samples`` is empty, or a row is empty or longer than ``max_length``.
+        ValueError: ``samples`` is empty, a row is empty or longer than ``max_length``, or an unknown ``strategy``.
     """
     if not samples:
         raise ValueError("collate_packed: got an empty list of samples.")
+    if strategy not in ("least_padding", "bfd"):
+        raise ValueError(f"collate_packed: strategy must be 'least_padding' or 'bfd', got {strategy!r}.")
     lengths = [len(s) for s in samples]
-    packs = best_fit_decreasing(lengths, max_length)
+    packs = (least_padding_packs if strategy == "least_padding" else best_fit_decreasing)(lengths, max_length)
     p, width, n, t = len(packs), max(sum(lengths[i] for i in pack) for pack in packs), len(samples), max(lengths)
     ids = torch.full((p, width), int(pad_token_id), dtype=torch.long)
     attn = torch.zeros((p, width), dtype=torch.long)

@@ -92,7 +92,8 @@ class StepBatchLoader:
     cut into micro-batches of ``micro_batch_size``. A final global step with fewer samples than ranks is dropped.
 
     With ``packing`` each micro-batch's rows are packed into sequences of at most ``pack_length`` tokens
-    (:func:`~lit_llm.data.packing.collate_packed`, best-fit decreasing, rows never split): a step holds exactly the
+    (:func:`~lit_llm.data.packing.collate_packed`: the packs that put the fewest positions through the model, never
+    more than unpacked; rows never split): a step holds exactly the
     rows it holds without packing (same plan, same resume state), only with less padding.
 
     Yields:
@@ -204,7 +205,8 @@ class SFTDataModule(LightningDataModule):
             ``trainer.accumulate_grad_batches``.
         group_by_length: sort samples of similar length into the same step to cut padding.
         packing: pack each training micro-batch's rows into sequences of at most ``max_length`` tokens (TRL's
-            ``packing=True``, best-fit decreasing; :mod:`lit_llm.data.packing`): position ids restart at 0 for each
+            ``packing=True``; the packs with the least padding, :mod:`lit_llm.data.packing`): position ids restart
+            at 0 for each
             row and rows never attend to each other (the backbone runs with no attention mask and
             ``use_cache=False``, see :func:`lit_llm.policy.logprobs.token_hidden_states`). The step's rows, the loss
             and its token / sequence counts are exactly those of the unpacked run; only padding goes

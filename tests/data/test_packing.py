@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lit_llm.data.datasets import TokenizedExample, collate
-from lit_llm.data.packing import best_fit_decreasing, collate_packed, is_packed, unpack_rows
+from lit_llm.data.packing import best_fit_decreasing, collate_packed, is_packed, least_padding_packs, unpack_rows
 
 PAD = 7
 
@@ -41,6 +41,32 @@ def test_best_fit_decreasing_places_every_row_once_within_capacity(case):
     assert len(halves) <= 1
 
 
+def slots(packs, lengths):
+    """Positions a right-padded [P, L] batch of these packs puts through the model."""
+    return len(packs) * max(sum(lengths[i] for i in p) for p in packs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows_strategy)
+def test_least_padding_packs_never_pads_more_than_unpacked_or_bfd(case):
+    cap, lengths = case
+    packs = least_padding_packs(lengths, cap)
+    assert sorted(i for p in packs for i in p) == list(range(len(lengths)))  # every row once, none split
+    assert all(p and sum(lengths[i] for i in p) <= cap for p in packs)
+    assert slots(packs, lengths) <= len(lengths) * max(lengths)  # the unpacked micro-batch
+    assert slots(packs, lengths) <= slots(best_fit_decreasing(lengths, cap), lengths)
+
+
+def test_least_padding_packs_exact():
+    # packs of 512: unpacked 8 x 200 = 1600 positions; bfd fills 490 + 510 + 80 (3 x 510 = 1530, 35% padding);
+    # least padding deals them longest first to the shortest of 4 packs: 4 x 270 = 1080 positions, no padding
+    lengths = [200, 190, 180, 170, 100, 90, 80, 70]
+    assert [sum(lengths[i] for i in p) for p in best_fit_decreasing(lengths, 512)] == [490, 510, 80]
+    assert least_padding_packs(lengths, 512) == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert least_padding_packs([170] * 8, 512) == [[i] for i in range(8)]  # 4 x 340 ties 8 x 170: shorter wins
+    assert least_padding_packs([2, 2, 2, 3, 3], 6) == [[3, 4], [0, 1, 2]]  # bfd's 2 x 6 beats LPT's 3 x 5
+
+
 def test_best_fit_decreasing_exact_packs():
     # longest first: 6 opens pack 0 (room 4), 5 opens pack 1 (room 5), 4 -> pack 0 (room 0: the tightest fit),
     # 3 -> pack 1 (room 2), 2 -> pack 1 (room 0), 1 opens pack 2
@@ -48,19 +74,20 @@ def test_best_fit_decreasing_exact_packs():
     assert best_fit_decreasing([4, 4, 4], 4) == [[0], [1], [2]]
 
 
+@pytest.mark.parametrize("packer", [best_fit_decreasing, least_padding_packs])
 @pytest.mark.parametrize("lengths, cap", [([3, 11], 10), ([0, 2], 10), ([2], 0)])
-def test_best_fit_decreasing_refuses_rows_it_cannot_place(lengths, cap):
+def test_packers_refuse_rows_they_cannot_place(packer, lengths, cap):
     with pytest.raises(ValueError, match="max_length|never split"):
-        best_fit_decreasing(lengths, cap)
+        packer(lengths, cap)
 
 
 @settings(max_examples=150, deadline=None)
-@given(rows_strategy, st.data())
-def test_collate_packed_layout(case, data):
+@given(rows_strategy, st.data(), st.sampled_from(["least_padding", "bfd"]))
+def test_collate_packed_layout(case, data, strategy):
     cap, lengths = case
     prompts = [data.draw(st.integers(0, n)) for n in lengths]
     samples = [sample(i, n, p) for i, (n, p) in enumerate(zip(lengths, prompts))]
-    mb = collate_packed(samples, pad_token_id=PAD, max_length=cap)
+    mb = collate_packed(samples, pad_token_id=PAD, max_length=cap, strategy=strategy)
     assert is_packed(mb)
     ids, attn, pos, rows = mb["input_ids"], mb["attention_mask"].bool(), mb["position_ids"], mb["row_index"]
     assert ids.shape[1] <= cap and mb["sample_ids"] == [s.sample_id for s in samples]
@@ -110,3 +137,5 @@ def test_collate_packed_refuses_rows_longer_than_a_pack():
         collate_packed([sample(0, 6, 1)], pad_token_id=PAD, max_length=5)
     with pytest.raises(ValueError, match="empty"):
         collate_packed([], pad_token_id=PAD, max_length=5)
+    with pytest.raises(ValueError, match="strategy"):
+        collate_packed([sample(0, 2, 1)], pad_token_id=PAD, max_length=5, strategy="wrapped")
