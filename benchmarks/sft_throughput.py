@@ -8,9 +8,18 @@ message), batch 8 (no accumulation), ``max_length`` 512, completion-only loss, o
   chunked LM-head log-prob kernel, token accuracy and entropy metrics on) driven by ``lightning.Trainer.fit`` with
   :class:`~lit_llm.lightning.SFTDataModule` (``format="gsm8k"``, length-grouped batches, the default) and
   ``precision="32-true"`` or ``"bf16-mixed"``. No logger, no checkpoints, no validation.
+- ``ours-packed`` (``--packing``): the same with ``SFTDataModule(packing=True)``: each step's rows (the same rows as
+  ``ours``) packed into sequences of at most ``max_length`` tokens (least-padding packs), position ids restarting per
+  row, rows never attending to each other (:mod:`lit_llm.data.packing`).
 - ``trl``: ``trl.SFTTrainer`` with a conversational prompt/completion dataset, ``completion_only_loss=True``,
   ``per_device_train_batch_size=8``, ``max_length=512``, ``use_cpu=True`` and ``bf16=True`` for bf16 (its default
   loss, which also computes entropy and token accuracy, as ours does). No saving, no reporting.
+- ``trl-packing`` / ``trl-padding-free`` / ``trl-group-by-length`` (``--packing`` adds them): the same with
+  ``packing=True`` (TRL's default ``packing_strategy="bfd"``: the dataset packed into sequences of ``max_length``
+  tokens, then a step's 8 packs flattened padding-free into one row with ``position_ids`` and no attention mask;
+  TRL passes ``use_cache=False``, so transformers' sdpa keeps the rows apart on the CPU), ``padding_free=True``
+  (a step's 8 rows flattened into one row, same mechanism) or ``train_sampling_strategy="group_by_length"``
+  (transformers 5's name for ``group_by_length=True``). A TRL step of ``trl-packing`` holds 8 packs (~2-3x the rows).
 
 Each configuration runs in a FRESH subprocess. The timed window runs from the end of the ``--warmup`` step(s) to the
 end of the last step (``--warmup + --steps`` optimizer steps in all), so it covers everything a training step does:
@@ -28,6 +37,7 @@ Usage::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/sft_throughput.py --steps 4                  # all 4 configurations
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/sft_throughput.py --impls ours --precisions bf16 --steps 2
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/sft_throughput.py --packing --precisions fp32 --steps 2  # packing
 """
 
 from __future__ import annotations
@@ -48,6 +58,15 @@ from _memory import status_kb as _status_kb
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+
+
+TRL_SETTINGS: dict[str, dict] = {
+    "trl": {},
+    "trl-packing": {"packing": True},  # packing_strategy "bfd" (TRL's default): padding-free packs
+    "trl-padding-free": {"padding_free": True},
+    "trl-group-by-length": {"train_sampling_strategy": "group_by_length"},  # transformers 5's group_by_length=True
+}
+IMPLS = ("ours", "ours-packed", *TRL_SETTINGS)
 
 
 class _Clock:
@@ -99,7 +118,8 @@ def run_ours(args: argparse.Namespace) -> dict:
     module = SFTModule("smollm2-135m-instruct", loss="sft", optimizer=partial(torch.optim.AdamW, lr=1e-5),
                        grad_clip=1.0, chunk_size=args.chunk_size)
     data = SFTDataModule(str(args.data), format="gsm8k", limit=args.rows, max_length=args.max_length,
-                         batch_size=args.batch, seed=args.seed, group_by_length=not args.no_group_by_length)
+                         batch_size=args.batch, seed=args.seed, group_by_length=not args.no_group_by_length,
+                         packing=args.impl == "ours-packed")
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=args.warmup + args.steps,
                       precision="bf16-mixed" if args.precision == "bf16" else "32-true", logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -125,8 +145,10 @@ def run_trl(args: argparse.Namespace) -> dict:
 
     class Counting(SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            attn, labels = inputs["attention_mask"], inputs["labels"]
-            pending.append((int(attn.sum()), int((labels[:, 1:] != -100).sum()), int(attn.numel())))
+            labels = inputs["labels"]
+            attn = inputs.get("attention_mask")  # padding-free batches (packing, padding_free) have none: no padding
+            real = int(attn.sum()) if attn is not None else int(inputs["input_ids"].numel())
+            pending.append((real, int((labels[:, 1:] != -100).sum()), int(inputs["input_ids"].numel())))
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
@@ -156,7 +178,7 @@ def run_trl(args: argparse.Namespace) -> dict:
                         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
                         max_steps=args.warmup + args.steps, logging_steps=1, save_strategy="no", report_to="none",
                         use_cpu=True, bf16=args.precision == "bf16", seed=args.seed, dataloader_num_workers=0,
-                        disable_tqdm=True)
+                        disable_tqdm=True, **TRL_SETTINGS[args.impl])
         trainer = Counting(model=model, args=cfg, train_dataset=ds, processing_class=tokenizer, callbacks=[Timer()])
         if args.profile:
             return _profile(trainer.train, args)
@@ -178,7 +200,7 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
 
     t0 = time.perf_counter()
-    res = run_ours(args) if args.impl == "ours" else run_trl(args)
+    res = run_ours(args) if args.impl.startswith("ours") else run_trl(args)
     res.update(impl=args.impl, precision=args.precision, batch=args.batch, max_length=args.max_length,
                rows=args.rows, warmup=args.warmup, threads=torch.get_num_threads(), load_avg=os.getloadavg(),
                total_seconds=time.perf_counter() - t0)
@@ -204,13 +226,22 @@ def run_fresh(impl: str, precision: str, args: argparse.Namespace) -> dict:
 
 def table(results: list[dict]) -> str:
     trl = {r["precision"]: r for r in results if r["impl"] == "trl"}
-    lines = ["| precision | impl | real tok/s | x TRL | trained tok/s | pad % | s/step | peak RSS (GB) | "
-             "peak above start (GB) | load avg (1 min) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    best = {}  # the fastest TRL setting per precision
     for r in results:
-        ref = trl.get(r["precision"])
-        ratio = f"{r['real_tok_s'] / ref['real_tok_s']:.2f}x" if ref else "-"
-        lines.append(f"| {r['precision']} | {r['impl']} | {r['real_tok_s']:.0f} | {ratio} | "
+        if r["impl"].startswith("trl") and r["real_tok_s"] > best.get(r["precision"], {}).get("real_tok_s", 0):
+            best[r["precision"]] = r
+    ours = {r["precision"]: r for r in results if r["impl"] == "ours"}
+    lines = ["| precision | impl | real tok/s | x TRL | x best TRL | x ours | trained tok/s | pad % | s/step | "
+             "peak RSS (GB) | peak above start (GB) | load avg (1 min) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def ratio(r: dict, ref: dict | None) -> str:
+        return f"{r['real_tok_s'] / ref['real_tok_s']:.2f}x" if ref else "-"
+
+    for r in results:
+        p = r["precision"]
+        lines.append(f"| {p} | {r['impl']} | {r['real_tok_s']:.0f} | {ratio(r, trl.get(p))} | "
+                     f"{ratio(r, best.get(p))} ({best[p]['impl'] if p in best else '-'}) | {ratio(r, ours.get(p))} | "
                      f"{r['trained_tok_s']:.0f} | {100 * r['pad_fraction']:.0f} | "
                      f"{r['seconds'] / r['steps_timed']:.1f} | {r['peak_rss_gb']:.2f} | "
                      f"{r['peak_above_base_gb']:.2f} | {r['load_avg'][0]:.1f} |")
@@ -228,12 +259,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunk-size", type=int, default=1024, help="ours: positions per LM-head chunk")
     p.add_argument("--no-group-by-length", action="store_true", help="ours: random batches like TRL")
-    p.add_argument("--impls", default="ours,trl", help="comma-separated subset of ours,trl")
+    p.add_argument("--impls", default="ours,trl", help=f"comma-separated subset of {','.join(IMPLS)}")
+    p.add_argument("--packing", action="store_true",
+                   help="also run ours-packed and TRL's packing / padding_free / group_by_length settings")
     p.add_argument("--precisions", default="fp32,bf16", help="comma-separated subset of fp32,bf16")
     p.add_argument("--profile", type=int, default=0, help="print the top-N ops of torch.profiler (no timing)")
     p.add_argument("--json", type=Path, help="also write the raw results here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--impl", choices=("ours", "trl"), help=argparse.SUPPRESS)
+    p.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
     p.add_argument("--precision", choices=("fp32", "bf16"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.warmup < 1:
@@ -243,13 +276,20 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(machine_line(), file=sys.stderr, flush=True)
     results = []
+    impls = [x for x in args.impls.split(",") if x]
+    if args.packing:
+        impls += [x for x in ("ours-packed", "trl-packing", "trl-padding-free", "trl-group-by-length")
+                  if x not in impls]
+    unknown = sorted(set(impls) - set(IMPLS))
+    if unknown:
+        p.error(f"unknown --impls {unknown}; choose from {list(IMPLS)}")
     for precision in [x for x in args.precisions.split(",") if x]:
-        for impl in [x for x in args.impls.split(",") if x]:
+        for impl in impls:
             r = run_fresh(impl, precision, args)
             if "profile" in r:
                 print(f"## {impl} {precision}\n{r['profile']}", flush=True)
                 continue
-            print(f"# {impl:4s} {precision}: {r['real_tok_s']:6.1f} real tok/s, "
+            print(f"# {impl:19s} {precision}: {r['real_tok_s']:6.1f} real tok/s, pad {100 * r['pad_fraction']:.0f}%, "
                   f"{r['trained_tok_s']:6.1f} trained tok/s, peak {r['peak_rss_gb']:.2f} GB "
                   f"(+{r['peak_above_base_gb']:.2f}), load {r['load_avg'][0]:.1f}, "
                   f"{r['total_seconds']:.0f} s in all", file=sys.stderr, flush=True)

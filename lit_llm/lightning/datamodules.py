@@ -33,6 +33,7 @@ from lit_llm.data.datasets import (
     read_examples,
     tokenize_example,
 )
+from lit_llm.data.packing import collate_packed
 from lit_llm.objectives.sft import loss_mask
 
 __all__ = ["SFTDataModule", "StepBatchLoader", "deprecated_alias", "module_attr", "resolve_tokenizer"]
@@ -90,19 +91,29 @@ class StepBatchLoader:
     ``batch_size * world_size`` samples is dealt to the ranks round-robin; each rank's share is sorted by length and
     cut into micro-batches of ``micro_batch_size``. A final global step with fewer samples than ranks is dropped.
 
+    With ``packing`` each micro-batch's rows are packed into sequences of at most ``pack_length`` tokens
+    (:func:`~lit_llm.data.packing.collate_packed`: the packs that put the fewest positions through the model, never
+    more than unpacked; rows never split): a step holds exactly the
+    rows it holds without packing (same plan, same resume state), only with less padding.
+
     Yields:
         ``{"micro_batches": [collate(...), ...]}``; each micro-batch holds ``input_ids`` ``[b, T]`` long (right
         padding), ``attention_mask`` ``[b, T]`` long, ``assistant_mask`` / ``response_mask`` ``[b, T]`` bool and
-        ``sample_ids`` (``"file:line"`` strings).
+        ``sample_ids`` (``"file:line"`` strings); with ``packing``, ``b`` packs plus ``position_ids``,
+        ``row_index``, ``unpack_index`` and ``row_lengths`` (see :func:`~lit_llm.data.packing.collate_packed`).
     """
 
     def __init__(self, samples: list[TokenizedExample], *, batch_size: int, micro_batch_size: int, pad_token_id: int,
                  seed: int = 0, group_by_length: bool = True, length_group_steps: int = 16, rank: int = 0,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, packing: bool = False, pack_length: int | None = None) -> None:
         if not samples:
             raise ValueError("StepBatchLoader: no training samples.")
         if batch_size < 1 or micro_batch_size < 1:
             raise ValueError(f"batch_size and micro_batch_size must be >= 1, got {batch_size}, {micro_batch_size}.")
+        if packing and (pack_length is None or pack_length < max(len(s) for s in samples)):
+            raise ValueError(f"StepBatchLoader: packing needs pack_length >= the longest sample "
+                             f"({max(len(s) for s in samples)} tokens), got {pack_length}.")
+        self.packing, self.pack_length = packing, pack_length
         self.samples, self.batch_size, self.micro_batch_size = samples, batch_size, micro_batch_size
         self.pad_token_id, self.seed, self.group_by_length = pad_token_id, seed, group_by_length
         self.length_group_steps, self.rank, self.world_size = length_group_steps, rank, world_size
@@ -138,8 +149,13 @@ class StepBatchLoader:
             step = plan[self.position]
             self.position += 1  # counted when handed out: a checkpoint taken after this step resumes after it
             m = self.micro_batch_size
-            yield {"micro_batches": [collate([self.samples[i] for i in step[s:s + m]], pad_token_id=self.pad_token_id)
+            yield {"micro_batches": [self._collate([self.samples[i] for i in step[s:s + m]])
                                      for s in range(0, len(step), m)]}
+
+    def _collate(self, rows: list[TokenizedExample]) -> dict[str, Any]:
+        if self.packing:
+            return collate_packed(rows, pad_token_id=self.pad_token_id, max_length=int(self.pack_length))
+        return collate(rows, pad_token_id=self.pad_token_id)
 
     def state_dict(self) -> dict[str, int]:
         """``{"epoch", "position"}``: the epoch and the number of its steps already handed out."""
@@ -188,6 +204,14 @@ class SFTDataModule(LightningDataModule):
             micro_batch_size`` micro-batches are accumulated per step. Use this, not
             ``trainer.accumulate_grad_batches``.
         group_by_length: sort samples of similar length into the same step to cut padding.
+        packing: pack each training micro-batch's rows into sequences of at most ``max_length`` tokens (TRL's
+            ``packing=True``; the packs with the least padding, :mod:`lit_llm.data.packing`): position ids restart
+            at 0 for each
+            row and rows never attend to each other (the backbone runs with no attention mask and
+            ``use_cache=False``, see :func:`lit_llm.policy.logprobs.token_hidden_states`). The step's rows, the loss
+            and its token / sequence counts are exactly those of the unpacked run; only padding goes
+            (``train/pad_fraction``). Validation batches stay unpacked. On GPU, flash-attention 2 reads the same
+            position ids as varlen boundaries (``--model.attn_implementation flash_attention_2``; not tested here).
         length_group_steps: steps per length-sorting window (larger = less padding, less randomness).
         on_bad_row: ``"raise"`` (stop with file, line and fix) or ``"skip"`` (skip, count, warn).
         seed: seed of the validation split and of the per-epoch shuffles.
@@ -207,8 +231,9 @@ class SFTDataModule(LightningDataModule):
                  eval_limit: int | None = None, num_samples: int = 256, system_prompt: str | None = None,
                  chat_template: str | None = None, max_length: int = 1024, batch_size: int = 8,
                  micro_batch_size: int | None = None, group_by_length: bool = True, length_group_steps: int = 16,
-                 on_bad_row: Literal["raise", "skip"] = "raise", seed: int = 0, tokenizer: str | None = None,
-                 loss_head: Head | None = None, num_workers: int = 0, val_path: str | None = None,
+                 packing: bool = False, on_bad_row: Literal["raise", "skip"] = "raise", seed: int = 0,
+                 tokenizer: str | None = None, loss_head: Head | None = None, num_workers: int = 0,
+                 val_path: str | None = None,
                  val_fraction: float | None = None, val_limit: int | None = None) -> None:
         super().__init__()
         name = "SFTDataModule"
@@ -239,6 +264,7 @@ class SFTDataModule(LightningDataModule):
         self.system_prompt, self.chat_template, self.max_length = system_prompt, chat_template, max_length
         self.batch_size, self.micro_batch_size = batch_size, micro
         self.group_by_length, self.length_group_steps = group_by_length, length_group_steps
+        self.packing = packing
         self.on_bad_row, self.seed, self.num_workers = on_bad_row, seed, num_workers
         self.tokenizer_name, self.loss_head = tokenizer, loss_head
         self.tokenizer: Any = None
@@ -350,7 +376,7 @@ class SFTDataModule(LightningDataModule):
         loader = StepBatchLoader(self.train_samples, batch_size=self.batch_size,
                                  micro_batch_size=self.micro_batch_size, pad_token_id=self._pad_id(), seed=self.seed,
                                  group_by_length=self.group_by_length, length_group_steps=self.length_group_steps,
-                                 rank=rank, world_size=world)
+                                 rank=rank, world_size=world, packing=self.packing, pack_length=self.max_length)
         self._train_loader = loader
         return loader
 

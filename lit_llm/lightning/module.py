@@ -34,6 +34,7 @@ from tensordict import TensorDict
 from torch import Tensor
 from torchmetrics import SumMetric
 
+from lit_llm.data.packing import is_packed, unpack_rows
 from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig, base_model_identity
 from lit_llm.objectives.sft import NonFiniteLossError, check_finite, sft_loss, sft_step_count
@@ -553,15 +554,27 @@ class SFTModule(PolicyModule):
     def policy_inputs(mb: dict[str, Any]) -> TensorDict:
         """The log-prob version's input for a collated micro-batch (same tensors, no copy, no re-padding):
         ``tokens.full`` ``[B, T]`` long, ``masks.all_attention_mask`` and ``masks.all_assistant_mask`` ``[B, T]``
-        bool (right-padded, as :func:`~lit_llm.data.datasets.collate` writes them)."""
+        bool (right-padded, as :func:`~lit_llm.data.datasets.collate` writes them); for a packed micro-batch
+        (:func:`~lit_llm.data.packing.collate_packed`) ``B`` packs and their ``position_ids`` ``[B, T]`` (the
+        log-prob version's packed layout: rows never attend to each other)."""
         ids = mb["input_ids"]
-        return TensorDict({("tokens", "full"): ids, ("masks", "all_attention_mask"): mb["attention_mask"].bool(),
-                           ("masks", "all_assistant_mask"): mb["assistant_mask"]}, batch_size=ids.shape[:1])
+        entries = {("tokens", "full"): ids, ("masks", "all_attention_mask"): mb["attention_mask"].bool(),
+                   ("masks", "all_assistant_mask"): mb["assistant_mask"]}
+        if is_packed(mb):
+            entries["position_ids"] = mb["position_ids"]
+        return TensorDict(entries, batch_size=ids.shape[:1])
+
+    @staticmethod
+    def _rows(mb: dict[str, Any], packed: Tensor, fill: float | bool = 0) -> Tensor:
+        """A packed micro-batch's ``[P, L]`` tensor in its rows' ``[N, T]`` layout (as returned for unpacked ones)."""
+        return unpack_rows(packed, mb["unpack_index"], mb["row_lengths"], fill=fill) if is_packed(mb) else packed
 
     def mask(self, mb: dict[str, Any]) -> Tensor:
-        """``[B, T]`` bool loss mask of a micro-batch for the configured head: the mask of the log-prob version's
-        ``get_<head>_dist`` (:meth:`~lit_llm.policy.LLMWrapperBase.head_mask`), without a forward pass."""
-        return self.versions.log_prob_version.head_mask(self.policy_inputs(mb), self.loss)
+        """``[N, T]`` bool loss mask of a micro-batch's ``N`` rows for the configured head: the mask of the log-prob
+        version's ``get_<head>_dist`` (:meth:`~lit_llm.policy.LLMWrapperBase.head_mask`), without a forward pass;
+        for a packed micro-batch, gathered back to the rows (:func:`~lit_llm.data.packing.unpack_rows`), so token
+        and sequence counts are those of the same rows unpacked."""
+        return self._rows(mb, self.versions.log_prob_version.head_mask(self.policy_inputs(mb), self.loss), False)
 
     def step_denominator(self, micro_batches: list[dict[str, Any]]) -> Tensor:
         """Trained tokens (``normalization="token"``) or sequences with >= 1 trained token, over the micro-batches."""
@@ -580,7 +593,10 @@ class SFTModule(PolicyModule):
         ref = None
         if self.versions.reference_version is not None:
             with torch.no_grad():
-                ref = self.versions.reference_version.get_dist(inputs, mask=mask).log_prob(dist.tokens)
+                ref = self._rows(mb, self.versions.reference_version.get_dist(inputs, mask=mask).log_prob(dist.tokens))
+        # packed micro-batch: back to the rows, so the loss and its counts are the unpacked batch's
+        log_probs, entropy = self._rows(mb, log_probs), self._rows(mb, entropy)
+        hits, mask = self._rows(mb, hits, False), self._rows(mb, mask, False)
         loss, metrics = sft_loss(log_probs, mask, normalizer=normalizer, reduction=reduction, ref_log_probs=ref,
                                  kl_coef=self.kl_coef)
         stats = {"loss": metrics["loss"], "nll_sum": metrics["nll_sum"], "num_tokens": metrics["num_tokens"],
@@ -591,8 +607,21 @@ class SFTModule(PolicyModule):
         return loss, stats
 
     def micro_batch_loss(self, mb: dict[str, Any], normalizer: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """``sft_loss`` of one micro-batch normalised by the step-level ``normalizer``."""
-        return self.forward_stats(mb, normalizer=normalizer, reduction=self.reduction)
+        """``sft_loss`` of one micro-batch normalised by the step-level ``normalizer``; its stats also count the
+        token slots that went through the model (``input_slots``: ``input_ids.numel()``, padding included)."""
+        loss, stats = self.forward_stats(mb, normalizer=normalizer, reduction=self.reduction)
+        stats["input_slots"] = torch.tensor(float(mb["input_ids"].numel()), device=loss.device)
+        return loss, stats
+
+    def _log_step(self, totals: dict[str, Tensor], grad_norm: Tensor, opt: Any) -> None:
+        """:meth:`PolicyModule._log_step`, plus ``train/pad_fraction``: padding positions over all positions that went
+        through the model in the step (all micro-batches, all ranks; 0 = no padding)."""
+        slots = totals.pop("input_slots", None)
+        super()._log_step(totals, grad_norm, opt)
+        if slots is not None and "real_tokens" in totals:
+            real, slots = self._all_sum(torch.stack([totals["real_tokens"].float(), slots.float()])).unbind()
+            self.log("train/pad_fraction", 1 - real / slots.clamp(min=1), on_step=True, on_epoch=False,
+                     batch_size=1)
 
     # ------------------------------------------------------------------------------------------------ validation
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:

@@ -65,6 +65,11 @@ class MaskedDistributionsMixin:
           dense ``masks.all_attention_mask [B, T]`` (bool or 0/1, one contiguous block per row): they are used as
           they are, left- or right-padded, and ``dist.tokens`` is that tensor (on the wrapper's device);
         * **ragged / history / text** inputs: the rows are left-padded, as ``log_probs.full`` with ``pad_output=True``;
+        * **packed**, detected by the top-level key ``"position_ids"`` (``[B, T]``, restarting at 0 for each of the
+          several sequences of a row, :mod:`lit_llm.data.packing`): dense ids and masks as given; the sequences never
+          attend to each other (:func:`~lit_llm.policy.logprobs.token_hidden_states`), each sequence's first token
+          has no prediction, and the sft head's response is each sequence's last run of assistant tokens
+          (``tokens.prompt`` and history inputs are refused);
         * **prompt/completion (GRPO)**, detected by the top-level key ``"completion_ids"``: the input holds
           ``prompt_ids [P, Lp]`` (left-padded), ``prompt_mask [P, Lp]``, ``completion_ids [N, Lc]`` (right-padded),
           ``completion_mask [N, Lc]``, ``prompt_index [N]`` and optionally ``loss_mask [N, Lc]`` (default
@@ -319,6 +324,8 @@ class MaskedDistributionsMixin:
         if layout.completion is not None:
             return layout.attention_mask
         attn = layout.attention_mask
+        if layout.position_ids is not None:  # packed: every sequence's first token has no prediction
+            return attn & (layout.position_ids > 0)
         return attn & (attn.long().cumsum(-1) > 1)
 
     def _head_mask(self, layout: DistLayout, head: str, name: str) -> Tensor:
@@ -335,6 +342,12 @@ class MaskedDistributionsMixin:
                                  f"masks.all_assistant_mask, or use the generic/sft head.")
             return asst & scorable
         attn = layout.attention_mask
+        if layout.position_ids is not None:  # packed: the response is each sequence's last run of assistant tokens
+            if asst is None:
+                raise ValueError(f"{name}: packed rows (input key 'position_ids') need "
+                                 f"{(*_key(self.masks_key), 'all_assistant_mask')} for the sft head: each packed "
+                                 f"sequence's response is its last run of assistant tokens.")
+            return _last_run(asst & attn, _sequence_ids(layout.position_ids, attn)) & scorable
         lens = self._prompt_lengths(layout.source, lambda: _real_rows(layout.tokens, attn))
         if lens is None:
             if asst is None:
@@ -433,6 +446,8 @@ class DistLayout:
         source: the input (``[B]``-flattened for full sequences), for prompt lookups and ``mask_key``.
         single: the input had batch shape ``[]``: the dist is over ``[T]`` (row 0).
         completion: the GRPO layout's tensors (``COMPLETION_KEYS`` plus the effective ``loss_mask``), else ``None``.
+        position_ids: packed rows (:mod:`lit_llm.data.packing`): ``[B, T]`` long positions restarting at 0 for each
+            sequence of a row (0 at padding), else ``None``.
     """
 
     tokens: Tensor
@@ -441,15 +456,33 @@ class DistLayout:
     source: TensorDictBase
     single: bool = False
     completion: dict[str, Tensor] | None = None
+    position_ids: Tensor | None = None
 
 
-def _last_run(mask: Tensor) -> Tensor:
-    """``[B, T]`` bool: the last contiguous run of True of each row (all False for a row without any)."""
+def _last_run(mask: Tensor, sequences: Tensor | None = None) -> Tensor:
+    """``[B, T]`` bool: the last contiguous run of True of each row (all False for a row without any); with
+    ``sequences`` (``[B, T]`` long ids of the packed sequences, see :func:`_sequence_ids`), of each sequence."""
     pos = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
     none = torch.full_like(pos, -1)
-    last = torch.where(mask, pos, none).amax(-1, keepdim=True)
-    start = torch.where(~mask & (pos < last), pos, none).amax(-1, keepdim=True) + 1
+    if sequences is None:
+        last = torch.where(mask, pos, none).amax(-1, keepdim=True)
+        start = torch.where(~mask & (pos < last), pos, none).amax(-1, keepdim=True) + 1
+        return mask & (pos >= start) & (pos <= last)
+    flat, n = sequences.flatten(), int(sequences.max()) + 1
+    per_seq = torch.full((n,), -1, dtype=pos.dtype, device=pos.device)
+    last = per_seq.scatter_reduce(0, flat, torch.where(mask, pos, none).flatten(), "amax")[flat].view_as(pos)
+    # the last masked-out position before that run, inside the same sequence (-1: the run starts the sequence)
+    start = per_seq.scatter_reduce(0, flat, torch.where(~mask & (pos < last), pos, none).flatten(), "amax")
+    start = start[flat].view_as(pos) + 1
     return mask & (pos >= start) & (pos <= last)
+
+
+def _sequence_ids(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """``[B, T]`` long: a distinct id per packed sequence over the whole batch (a new one at each real token with
+    position 0, and at each row start); padding shares its neighbours' ids and is never masked in."""
+    starts = (attention_mask & (position_ids == 0)).long()
+    starts[:, 0] = 1
+    return starts.flatten().cumsum(0).view_as(starts) - 1
 
 
 def _check_dist_args(name: str, *, padding_side: str | None = None, tensordict_out: TensorDictBase | None = None,

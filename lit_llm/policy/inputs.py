@@ -20,6 +20,7 @@ from lit_llm.data.errors import check_prefix
 from lit_llm.policy.common import _flatten
 from lit_llm.policy.dists import DistLayout
 from lit_llm.policy.generation import check_token_ids, pad_rows
+from lit_llm.policy.logprobs import check_packed_positions
 from lit_llm.policy.rows import _dense, _present, _real_rows, read_rows, read_strings
 
 __all__ = ["LogProbInputsMixin"]
@@ -186,7 +187,8 @@ class LogProbInputsMixin:
 
     # ---------------------------------------------------------------------------------------------- distributions
     def _dist_layout(self, tensordict: TensorDictBase) -> DistLayout:
-        """Ids and masks of :meth:`get_dist`'s layout (dense as given, ragged left-padded, or GRPO), no forward."""
+        """Ids and masks of :meth:`get_dist`'s layout (dense as given, ragged left-padded, packed, or GRPO), no
+        forward."""
         if "completion_ids" in tensordict.keys():
             return self._completion_layout(tensordict, self.device)
         single = tensordict.batch_dims == 0
@@ -199,6 +201,8 @@ class LogProbInputsMixin:
         else:
             raise ValueError(f"{type(self).__name__}: input batch_size must be [], [B] or [B, n] for a "
                              f"distribution, got {list(tensordict.batch_size)}.")
+        if "position_ids" in flat.keys():
+            return self._packed_layout(flat, single)
         dense = self._dense_full(flat)
         if dense is not None:
             ids, attn, asst = dense
@@ -213,6 +217,34 @@ class LogProbInputsMixin:
             asst = None if asst_rows is None else pad_rows([a.to(self.device).bool() for a in asst_rows], False,
                                                            side="left")
         return DistLayout(tokens=ids, attention_mask=attn, assistant_mask=asst, source=flat, single=single)
+
+    def _packed_layout(self, td: TensorDictBase, single: bool) -> DistLayout:
+        """The packed layout (detected by the top-level key ``"position_ids"``, :mod:`lit_llm.data.packing`): dense
+        ids and masks as given, several sequences per row told apart by ``position_ids`` restarting at 0.
+
+        Raises:
+            ValueError: the ids or attention mask are not dense ``[B, T]``; the input also holds ``tokens.prompt`` or
+                is in history mode (a prompt cannot be matched to a packed row: the sft head takes each sequence's
+                last run of assistant tokens); position ids that do not restart at 0 and count up by 1.
+        """
+        name = type(self).__name__
+        if self.input_mode == "history" or _present(td, self._k(self.tokens_key, "prompt")):
+            raise ValueError(f"{name}: packed rows (input key 'position_ids') cannot be read with tokens.prompt or "
+                             f"history prompts (a prompt is not a prefix of a packed row); pass "
+                             f"masks.all_assistant_mask (the sft head takes each sequence's last run of assistant "
+                             f"tokens) and input_mode='tokens'.")
+        dense = self._dense_full(td)
+        if dense is None:
+            ids_key = self.input_key if self.input_mode == "tokens" else self._k(self.tokens_key, "full")
+            raise ValueError(f"{name}: packed rows (input key 'position_ids') need dense [B, T] ids at {ids_key!r} and "
+                             f"{self._k(self.masks_key, 'all_attention_mask')!r} of the same shape.")
+        ids, attn, asst = dense
+        pos = td.get("position_ids")
+        if not isinstance(pos, Tensor):
+            raise ValueError(f"{name}: 'position_ids' must be a dense [B, T] integer tensor.")
+        pos = check_packed_positions(pos.to(attn.device), attn, f"{name} (log-prob version)")
+        return DistLayout(tokens=ids, attention_mask=attn, assistant_mask=asst, source=td, single=single,
+                          position_ids=pos)
 
     def _dense_full(self, td: TensorDictBase) -> tuple[Tensor, Tensor, Tensor | None] | None:
         """The dense fast path: ``(ids, attention mask, assistant mask or None)`` as given, or ``None`` when the input

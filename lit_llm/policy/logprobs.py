@@ -19,8 +19,9 @@ from torch import Tensor
 from lit_llm.policy.generation import cache_kwarg, pad_rows
 from lit_llm.policy.kernel import IGNORE_INDEX, _check_scalars, chunked_token_log_probs, naive_token_log_probs
 
-__all__ = ["IGNORE_INDEX", "base_causal_lm", "chunked_token_log_probs", "completion_hidden_states",
-           "completion_log_probs", "model_token_log_probs", "naive_token_log_probs", "token_hidden_states"]
+__all__ = ["IGNORE_INDEX", "base_causal_lm", "check_packed_positions", "chunked_token_log_probs",
+           "completion_hidden_states", "completion_log_probs", "model_token_log_probs", "naive_token_log_probs",
+           "token_hidden_states"]
 
 _UNSUPPORTED_HEAD_CONFIG = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
@@ -106,12 +107,52 @@ def _predicted(mask: Tensor) -> Tensor:
     return out
 
 
-def _run_backbone(backbone, ids: Tensor, mask: Tensor) -> Tensor:
-    """Last hidden states ``[B, T, H]`` of left- or right-padded rows, positions from the mask, no cache."""
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+def check_packed_positions(position_ids: Tensor, attention_mask: Tensor, name: str = "token_hidden_states") -> Tensor:
+    """Validate the ``position_ids`` of packed rows (several sequences per row, see :mod:`lit_llm.data.packing`).
+
+    At real tokens (``attention_mask`` True) each position is either 0 (a sequence starts) or the previous column's
+    position + 1 with the previous column a real token (the sequence goes on); the first real token of each row is
+    0. Positions at padding are not read.
+
+    Args:
+        position_ids: ``[B, T]`` integer tensor.
+        attention_mask: ``[B, T]`` bool, real tokens.
+
+    Returns:
+        ``[B, T]`` long position ids, 0 at padding.
+
+    Raises:
+        ValueError: shape or dtype mismatch, or a real token whose position neither starts nor continues a sequence
+            (names the row and column).
+    """
+    if position_ids.shape != attention_mask.shape or position_ids.dtype.is_floating_point \
+            or position_ids.dtype == torch.bool:
+        raise ValueError(f"{name}: position_ids must be an integer [B, T] tensor aligned with the ids "
+                         f"{tuple(attention_mask.shape)}; got {position_ids.dtype} {tuple(position_ids.shape)}.")
+    pos = position_ids.to(attention_mask.device).long().masked_fill(~attention_mask, 0)
+    prev_pos = torch.nn.functional.pad(pos[:, :-1], (1, 0), value=-2)
+    prev_real = torch.nn.functional.pad(attention_mask[:, :-1], (1, 0), value=False)
+    ok = (pos == 0) | ((pos == prev_pos + 1) & prev_real)
+    bad = attention_mask & ~ok
+    if bool(bad.any()):
+        row, col = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(f"{name}: packed position_ids row {row}, column {col}: {int(pos[row, col])} neither starts a "
+                         f"sequence (0) nor continues the previous real token's position; position ids must restart at "
+                         f"0 for each packed sequence and count up by 1 (see lit_llm.data.packing.collate_packed).")
+    return pos
+
+
+def _run_backbone(backbone, ids: Tensor, mask: Tensor, position_ids: Tensor | None = None) -> Tensor:
+    """Last hidden states ``[B, T, H]``, no cache: left- or right-padded rows with positions from the mask, or packed
+    rows (``position_ids`` given, checked by :func:`check_packed_positions`) with no attention mask, so transformers
+    makes every sequence attend only to itself (see :func:`token_hidden_states`)."""
     # padding ids are never read (masked out of attention and zeroed below), but the embedding still looks them up
-    out = backbone(input_ids=ids.long().masked_fill(~mask, 0), attention_mask=mask.long(), position_ids=position_ids,
-                   use_cache=False)
+    ids = ids.long().masked_fill(~mask, 0)
+    if position_ids is None:
+        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = backbone(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids, use_cache=False)
+    else:  # packed: no mask and no cache, or transformers would let the sequences attend to each other
+        out = backbone(input_ids=ids, attention_mask=None, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
@@ -121,7 +162,8 @@ def _align(hidden: Tensor, predicted: Tensor) -> Tensor:
     return shifted.masked_fill_(~predicted.unsqueeze(-1), 0.0)
 
 
-def token_hidden_states(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def token_hidden_states(model, input_ids: Tensor, attention_mask: Tensor, *,
+                        position_ids: Tensor | None = None) -> Tensor:
     """Final hidden states of an HF causal LM aligned to the tokens they predict: ``out[:, t]`` scores ``x_t``.
 
     Runs the backbone (``model.model`` or ``model.get_decoder()``, never the LM head) once with
@@ -131,25 +173,42 @@ def token_hidden_states(model, input_ids: Tensor, attention_mask: Tensor) -> Ten
     ``attention_mask`` only, never from ids (SmolLM2's pad id equals its end-of-turn id); the ids at padding are never
     looked at. Keeps autograd (gradients reach the backbone's parameters when grad is enabled).
 
+    **Packed rows** (``position_ids`` given, :mod:`lit_llm.data.packing`): each row holds several sequences whose
+    positions restart at 0. The backbone then gets those ``position_ids``, **no attention mask and
+    ``use_cache=False``**: transformers (>= 4.53, ``masking_utils.find_packed_sequence_indices``) derives a
+    block-diagonal causal mask from ``position_ids`` only in that case; with an attention mask, or with the default
+    ``use_cache=True`` (a ``DynamicCache`` is created before the mask), the sequences of a row silently attend to
+    each other (measured on a tiny Llama: hidden states off by ~3). This works for the ``sdpa``, ``eager`` and
+    ``flex_attention`` implementations (tested with ``sdpa`` and ``eager``); flash-attention 2/3 read the same
+    ``position_ids`` as varlen boundaries (transformers' documented path; not tested here, CPU only). The first token
+    of each sequence has no prediction (zeros), like a row's first real token. Padding (``attention_mask`` False) may
+    only sit outside the sequences (one contiguous block of real tokens per row); its positions are not read.
+
     Args:
         model: an HF ``*ForCausalLM`` (e.g. ``LlamaForCausalLM``), or a ``peft`` ``PeftModel`` over one (its
             :func:`base_causal_lm`'s backbone runs, adapters included while enabled).
         input_ids: ``[B, T]`` long token ids, left- **or** right-padded.
         attention_mask: ``[B, T]`` bool or 0/1 integers; 1 = real token; one contiguous block of 1s per row.
+        position_ids: ``[B, T]`` integer positions of packed rows (see :func:`check_packed_positions`), or ``None``
+            (one sequence per row, positions from the mask).
 
     Returns:
         ``[B, T, H]`` in the backbone's dtype: ``out[:, t]`` = backbone output at ``t - 1`` (the state that predicts
-        ``input_ids[:, t]``) where ``x_t`` and ``x_{t-1}`` are both real tokens; zeros at ``t = 0``, at each row's
-        first real token and at padding (positions with no prediction).
+        ``input_ids[:, t]``) where ``x_t`` and ``x_{t-1}`` are both real tokens of the same sequence; zeros at
+        ``t = 0``, at each sequence's first token and at padding (positions with no prediction).
 
     Raises:
-        ValueError: shapes differ / are not 2-D, float ids, a mask with holes, a model without backbone or head.
+        ValueError: shapes differ / are not 2-D, float ids, a mask with holes, packed ``position_ids`` that do not
+            restart at 0 and count up by 1 per sequence, a model without backbone or head.
         NotImplementedError: the config post-processes logits (``final_logit_softcapping``, ``logit_scale``,
             ``logits_scaling`` != 1), which the kernel does not reproduce.
     """
     mask = _check_mask(input_ids, attention_mask, "token_hidden_states")
     backbone, _ = _backbone_and_head(model, "token_hidden_states")
-    return _align(_run_backbone(backbone, input_ids, mask), _predicted(mask))
+    if position_ids is None:
+        return _align(_run_backbone(backbone, input_ids, mask), _predicted(mask))
+    pos = check_packed_positions(position_ids, mask)
+    return _align(_run_backbone(backbone, input_ids, mask, pos), mask & (pos > 0))
 
 
 def model_token_log_probs(

@@ -426,7 +426,8 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             hidden = completion_hidden_states(self.model, c["prompt_ids"], c["prompt_mask"], c["completion_ids"],
                                               c["completion_mask"], c["prompt_index"], share_prompts=self.share_prompts)
         else:
-            hidden = token_hidden_states(self.model, layout.tokens, layout.attention_mask)
+            hidden = token_hidden_states(self.model, layout.tokens, layout.attention_mask,
+                                         position_ids=layout.position_ids)
         return hidden, weight, bias
 
     def _forward_impl(self, td: TensorDictBase, **kwargs: Any) -> tuple[dict, int | None]:
