@@ -195,6 +195,11 @@ def _as_long_1d(ids: Any, name: str) -> torch.Tensor:
 class Text(TensorClass["nocast"]):
     """Text of a prompt, its response and the full sequence.
 
+    Conversions (here and in :class:`Tokens`, :class:`ChatHistory`) keep the batch shape: a ``[B]`` or ``[B, n]``
+    container converts row by row; an unbatched one whose fields hold a batch of one row (a ``[1, n]`` History, a
+    ``[1, T]`` id tensor, a one-element list, as TorchRL's tests build them) gives fields holding that batch of one
+    (one-element lists, ``[1, T]`` ids, a ``[1, n]`` History), as TorchRL does.
+
     Attributes:
         prompt: the prompt text (e.g. a rendered chat with the generation prompt). ``str`` per item; a batch holds
             ``B`` strings (``td.prompt`` is then a list-like of ``str``).
