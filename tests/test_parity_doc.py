@@ -14,7 +14,9 @@ STATUSES = ("same", "alias", "differs", "refused")
 
 def _rows() -> list[list[str]]:
     lines = (ROOT / "docs" / "torchrl_parity.md").read_text().splitlines()
-    table = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| capability")]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("| capability"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    table = [ln for ln in lines[start + 1:end] if ln.startswith("| ")]  # the parity table, not the count table
     return [[c.strip() for c in ln.strip().strip("|").split(" | ")] for ln in table]
 
 
@@ -68,3 +70,18 @@ def test_refused_generate_kwargs_are_the_documented_ones():
                 "min_new_tokens"):
         assert f"`{key}`" in text
         standardize_generate_kwargs({key: {"stop_sequences": "x", "skip_special_tokens": True}.get(key, 1)})
+
+
+def test_torchrl_test_count_adds_up():
+    """The count of TorchRL's tests (issue 12 item 7): per row and in total, agree + fixed + documented = applicable."""
+    lines = (ROOT / "docs" / "torchrl_parity.md").read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("| TorchRL test file"))
+    rows = [[c.strip().strip("*") for c in ln.strip().strip("|").split(" | ")] for ln in lines[start + 2:]
+            if ln.startswith("| ")]
+    first = lambda cell: int(cell.split(" ")[0])  # noqa: E731 - "2 (what was fixed)" -> 2
+    body, total = rows[:-1], rows[-1]
+    assert total[0] == "total" and len(body) >= 6
+    for row in rows:
+        assert first(row[1]) == first(row[2]) + first(row[3]) + first(row[4]), row
+    for col in (1, 2, 3, 4):
+        assert sum(first(r[col]) for r in body) == first(total[col])

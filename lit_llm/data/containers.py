@@ -102,6 +102,29 @@ def _one_item(obj: TensorClass) -> TensorClass:
     return type(obj)(**fields, **extra)
 
 
+def _holds_one_row(obj: TensorClass) -> bool:
+    """Whether an unbatched container's fields hold a batch of one row (``[1, n]`` History, ``[1, T]`` ids, a
+    one-element list) rather than one item."""
+    return not _is_batched(obj) and _one_item(obj) is not obj
+
+
+def _as_one_row(out: TensorClass) -> TensorClass:
+    """An unbatched conversion result with each field given back its leading batch of one (TorchRL's shapes: a
+    one-element list of ``str``, ``[1, T]`` ids, a ``[1, n]`` History), so an input ``[1, ...]`` gives ``[1, ...]``."""
+    def one(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, torch.Tensor):
+            return value.unsqueeze(0)
+        return lazy_stack([value])  # a History [n] -> [1, n]
+
+    fields = {k: one(getattr(out, k)) for k in ("prompt", "response", "full")}
+    extra = {"padded": out.padded} if hasattr(out, "padded") else {}
+    return type(out)(**fields, **extra)
+
+
 def _family(tokenizer: Any, chat_template_name: str | None, what: str) -> str:
     """The parsing family: ``chat_template_name`` (TorchRL's aliases applied), else read off the tokenizer's template.
 
@@ -140,11 +163,8 @@ def _require_history(value: Any, field: str, what: str) -> None:
 
 
 def _rows(obj: TensorClass) -> list:
-    if obj.batch_dims != 1:
-        raise ValueError(
-            f"{type(obj).__name__} conversion: expected one item (batch_size=[]) or a batch (batch_size=[B]), got "
-            f"batch_size={list(obj.batch_size)}; reshape or index it first."
-        )
+    """The rows along the first batch dimension (each converted on its own; a ``[B, n]`` batch gives ``[n]`` rows,
+    converted recursively, so the result keeps the batch shape)."""
     return list(obj.unbind(0))
 
 
@@ -174,6 +194,11 @@ def _as_long_1d(ids: Any, name: str) -> torch.Tensor:
 # -------------------------------------------------------------------------------------------------------- containers
 class Text(TensorClass["nocast"]):
     """Text of a prompt, its response and the full sequence.
+
+    Conversions (here and in :class:`Tokens`, :class:`ChatHistory`) keep the batch shape: a ``[B]`` or ``[B, n]``
+    container converts row by row; an unbatched one whose fields hold a batch of one row (a ``[1, n]`` History, a
+    ``[1, T]`` id tensor, a one-element list, as TorchRL's tests build them) gives fields holding that batch of one
+    (one-element lists, ``[1, T]`` ids, a ``[1, n]`` History), as TorchRL does.
 
     Attributes:
         prompt: the prompt text (e.g. a rendered chat with the generation prompt). ``str`` per item; a batch holds
@@ -222,7 +247,9 @@ class Text(TensorClass["nocast"]):
         if _is_batched(self):
             rows = [row.to_tokens(tokenizer, truncation=truncation, max_length=max_length) for row in _rows(self)]
             return _padded_tokens(rows, tokenizer, "Text.to_tokens") if padding else lazy_stack(rows)
-        item = _one_item(self)
+        if _holds_one_row(self):
+            return _as_one_row(_one_item(self).to_tokens(tokenizer, truncation=truncation, max_length=max_length))
+        item = self
         if item.prompt is None and item.full is not None:
             return Tokens(full=_encode(tokenizer, item.full, **kw), padded=False)
         prompt, full = item.prompt, item._full_text("Text.to_tokens")
@@ -264,8 +291,10 @@ class Text(TensorClass["nocast"]):
             tokenizer, chat_template_name = None, tokenizer
         if _is_batched(self):
             return lazy_stack([row.to_history(tokenizer, chat_template_name) for row in _rows(self)])
+        if _holds_one_row(self):
+            return _as_one_row(_one_item(self).to_history(tokenizer, chat_template_name))
         family = _family(tokenizer, chat_template_name, "Text.to_history")
-        item = _one_item(self)
+        item = self
         if item.prompt is None and item.full is not None:
             full_msgs = parse_chat_text(item.full, family)
             prompt_msgs, resp_msgs = _split_at_last_assistant(full_msgs)
@@ -337,7 +366,9 @@ class Tokens(TensorClass["nocast"]):
             return lazy_stack([row.to_text(tokenizer, skip_special_tokens) for row in _rows(self)])
         if self.padded:
             raise ValueError("Tokens.to_text: padded=True; decode unpadded tokens (a lazy stack), as pad == eos.")
-        item = _one_item(self)
+        if _holds_one_row(self):
+            return _as_one_row(_one_item(self).to_text(tokenizer, skip_special_tokens))
+        item = self
 
         def dec(t: torch.Tensor | None) -> str | None:
             if t is None:
@@ -470,6 +501,8 @@ class ChatHistory(TensorClass["nocast"]):
         chat_template = _template_arg(chat_template, chat_template_name, "ChatHistory.to_text")
         if _is_batched(self):
             return lazy_stack([row.to_text(tokenizer, chat_template, **template_kwargs) for row in _rows(self)])
+        if _holds_one_row(self):
+            return _as_one_row(_one_item(self).to_text(tokenizer, chat_template, **template_kwargs))
         prompt_h, full_h = self._prompt_and_full("ChatHistory.to_text")
         kw = dict(chat_template=chat_template, tokenize=False, **template_kwargs)
         if prompt_h is None:
@@ -518,6 +551,8 @@ class ChatHistory(TensorClass["nocast"]):
         chat_template = _template_arg(chat_template, chat_template_name, "ChatHistory.to_tokens")
         if _is_batched(self):
             return lazy_stack([row.to_tokens(tokenizer, chat_template, **template_kwargs) for row in _rows(self)])
+        if _holds_one_row(self):
+            return _as_one_row(_one_item(self).to_tokens(tokenizer, chat_template, **template_kwargs))
         prompt_h, full_h = self._prompt_and_full("ChatHistory.to_tokens")
         kw = dict(chat_template=chat_template, tokenize=True, return_dict=False, **template_kwargs)
         if prompt_h is None:

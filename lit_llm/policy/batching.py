@@ -388,8 +388,10 @@ class BatchingMixin:
         _check_batch_size("min_batch_size", min_batch_size, minimum=1)
         _check_batch_size("max_batch_size", max_batch_size, minimum=1)
         if min_batch_size is not None and max_batch_size is not None and max_batch_size < min_batch_size:
-            raise ValueError(f"max_batch_size={max_batch_size} is smaller than min_batch_size={min_batch_size}; a "
-                             f"batch could never start. Raise max_batch_size or lower min_batch_size.")
+            raise ValueError(f"min_batch_size ({min_batch_size}) must be <= max_batch_size ({max_batch_size}) "
+                             f"(TorchRL's rule): max_batch_size={max_batch_size} is smaller than "
+                             f"min_batch_size={min_batch_size}, so a batch could never start. Raise max_batch_size "
+                             f"or lower min_batch_size.")
         if (isinstance(batching_timeout, bool) or not isinstance(batching_timeout, (int, float))
                 or not math.isfinite(batching_timeout) or batching_timeout <= 0):
             raise ValueError(f"batching_timeout must be a positive finite number of seconds, got {batching_timeout!r}.")

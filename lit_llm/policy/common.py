@@ -127,8 +127,9 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
         mode_key = {"history": history_key, "text": text_key, "tokens": tokens_key}[input_mode]
         self.input_key = input_key if input_key is not None else (*_key(mode_key), "prompt" if generate else "full")
         self.in_keys = [self.input_key]
-        out = [k for k, on in ((text_key, self.return_text), (tokens_key, self.return_tokens),
-                                (masks_key, self.return_masks), (log_probs_key, self.return_log_probs),
+        # TorchRL's order (text, masks, tokens, log_probs, history), then lit_llm's "truncated" flag
+        out = [k for k, on in ((text_key, self.return_text), (masks_key, self.return_masks),
+                                (tokens_key, self.return_tokens), (log_probs_key, self.return_log_probs),
                                 (history_key, self.return_history)) if on]
         if generate:
             out.append("truncated")

@@ -32,10 +32,20 @@ class LogProbInputsMixin:
     Implements :meth:`_prompt_lengths` and :meth:`_dist_layout` of
     :class:`~lit_llm.policy.dists.MaskedDistributionsMixin` (list it before ``LLMWrapperBase`` in the bases). The host
     class provides ``model``, ``tokenizer``, ``chat_template``, ``input_mode``, ``input_key``, ``tokens_key``,
-    ``masks_key``, ``device``, ``generation_config``, ``_k``, ``_missing``, ``_encode``, ``_tokens_padded``,
+    ``masks_key``, ``attention_mask_key``, ``device``, ``generation_config``, ``_k``, ``_missing``, ``_encode``,
+    ``_tokens_padded``,
     ``_check_not_padded_without_mask`` and ``_completion_layout``. :meth:`_render_ids` also renders the generate
     version's history prompts.
     """
+
+    def _tokens_attention_key(self, td: TensorDictBase) -> NestedKey:
+        """Where the attention mask of the input ids is read: ``masks.all_attention_mask``, else (tokens mode, TorchRL's
+        fallback) ``attention_mask_key`` when the input has it."""
+        masks_key = self._k(self.masks_key, "all_attention_mask")
+        if self.input_mode != "tokens" or _present(td, masks_key):
+            return masks_key
+        other = getattr(self, "attention_mask_key", None)
+        return other if other is not None and _present(td, other) else masks_key
 
     # ---------------------------------------------------------------------------------------------- log-probs
     def _full_inputs(self, td: TensorDictBase) -> tuple[list[Tensor], list[Tensor] | None, list[int] | None]:
@@ -48,7 +58,7 @@ class LogProbInputsMixin:
         Raises:
             ValueError: the input key is missing; padded ids without their attention mask.
         """
-        attn_key = self._k(self.masks_key, "all_attention_mask")
+        attn_key = self._tokens_attention_key(td)
         ids_key = self.input_key if self.input_mode == "tokens" else self._k(self.tokens_key, "full")
         self._check_not_padded_without_mask(td, ids_key, attn_key)
         full = read_rows(td, ids_key, attention_key=attn_key)
@@ -254,7 +264,7 @@ class LogProbInputsMixin:
             ValueError: an attention mask that is not bool/0-1, or ids a model cannot score (named row).
         """
         ids_key = self.input_key if self.input_mode == "tokens" else self._k(self.tokens_key, "full")
-        attn_key = self._k(self.masks_key, "all_attention_mask")
+        attn_key = self._tokens_attention_key(td)
         ids, attn = _dense(td, ids_key), _dense(td, attn_key)
         if ids is None or attn is None or ids.dim() != 2 or attn.shape != ids.shape:
             return None

@@ -90,6 +90,14 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             modes, history in history mode, tokens and masks always, in both versions). ``return_history=True``
             outside history mode and ``return_text=True`` in tokens mode raise.
         history_key, text_key, tokens_key, masks_key, log_probs_key: output container keys.
+        attention_mask_key: tokens mode: where a dense ``[B, T]`` id tensor's attention mask may be found when the
+            input has no ``masks.all_attention_mask`` (TorchRL's argument and default, ``"attention_mask"``, e.g. the
+            mask of ``tokenizer(..., padding=True)``). Positions it marks ``False`` are padding and dropped; without
+            either mask every position of a dense tensor is a real token (padding is never read from the ids).
+        pad_model_input: TorchRL's switch between a padded (``True``, the default) and a packed (``False``) forward
+            pass of the log-prob version. Rows are always left-padded with position ids from the attention mask, which
+            gives each row the log-probs it has scored alone, the equality TorchRL's packing tests pin; ``False``
+            raises (packing is not implemented), and any value raises for the generate version, as in TorchRL.
         batching, min_batch_size, max_batch_size, batching_timeout: the threaded batcher
             (:class:`~lit_llm.policy.batching.BatchingMixin`).
         temperature: log-prob version: logits are divided by it before the log-softmax (> 0). Default ``None`` = the
@@ -151,6 +159,8 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         tokens_key: NestedKey = "tokens",
         masks_key: NestedKey = "masks",
         log_probs_key: NestedKey = "log_probs",
+        attention_mask_key: NestedKey = "attention_mask",
+        pad_model_input: bool | None = None,
         batching: bool | None = None,
         min_batch_size: int | None = None,
         max_batch_size: int | None = None,
@@ -198,6 +208,15 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         self.chat_template = chat_template if chat_template_name is None else chat_template_name
         self.tokenizer_kwargs = {"add_special_tokens": False, **(tokenizer_kwargs or {})}
         self._device = torch.device(device) if device is not None else None
+        self.attention_mask_key = attention_mask_key
+        if pad_model_input is not None and generate:
+            raise ValueError("pad_model_input is not supported when generate=True (TorchRL's rule): it only concerns "
+                             "the log-prob version's forward pass. Leave it None.")
+        if pad_model_input is False:
+            raise ValueError("pad_model_input=False (a packed forward pass) is not supported: rows are left-padded "
+                             "with position ids from the attention mask, which gives the same log-probs as packing. "
+                             "Leave pad_model_input None (or True).")
+        self.pad_model_input = True
         self._init_common(
             model=model, tokenizer=tokenizer, input_mode=input_mode, input_key=input_key, generate=generate,
             pad_output=pad_output, inplace=inplace, num_samples=num_samples, return_log_probs=return_log_probs,
@@ -213,7 +232,8 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
                 "chat_template": None if self.chat_template_name else self.chat_template,
                 "chat_template_name": self.chat_template_name, "temperature": self._user_temperature,
                 "num_samples": self._user_num_samples, "chunk_size": self.chunk_size,
-                "share_prompts": self.share_prompts, "disable_adapter": self.disable_adapter}
+                "share_prompts": self.share_prompts, "disable_adapter": self.disable_adapter,
+                "attention_mask_key": self.attention_mask_key}
 
     def _model_context(self) -> AbstractContextManager:
         """``model.disable_adapter()`` with ``disable_adapter=True``, else a no-op."""
@@ -254,8 +274,9 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             if texts is None:
                 raise self._missing(td, key, "prompt strings")
             return [self._encode(t) for t in texts], texts, None, None
-        self._check_not_padded_without_mask(td, key, None)
-        ids = read_rows(td, key)
+        attn_key = self._tokens_attention_key(td)
+        self._check_not_padded_without_mask(td, key, attn_key)
+        ids = read_rows(td, key, attention_key=attn_key)
         if ids is None:
             raise self._missing(td, key, "prompt ids, 1-D per row")
         check_id_dtype(ids, key, type(self).__name__)
@@ -272,20 +293,17 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         flags = flag.tolist() if hasattr(flag, "tolist") else flag  # NonTensorData/Stack, tensor or bool
         return bool(torch.as_tensor(flags, dtype=torch.bool).all()) if isinstance(flags, list) else bool(flags)
 
-    def _check_not_padded_without_mask(self, td: TensorDictBase, key: NestedKey,
-                                       attn_key: NestedKey | None) -> None:
+    def _check_not_padded_without_mask(self, td: TensorDictBase, key: NestedKey, attn_key: NestedKey) -> None:
         """Padding cannot be read from ids (pad == eos for SmolLM2): padded ids need their attention mask."""
         if _key(key)[:-1] != _key(self.tokens_key) or not self._tokens_padded(td):
             return
-        if attn_key is not None and td.get(attn_key, None) is not None:
+        if td.get(attn_key, None) is not None:
             return
-        where = (f"without {attn_key!r}" if attn_key is not None
-                 else "and the generate version has no attention mask for prompts")
+        where = f"without {attn_key!r}" + (f" or {self.attention_mask_key!r}" if self.input_mode == "tokens" else "")
         raise ValueError(
             f"{type(self).__name__}(generate={self.generate}): {key!r} is padded (tokens.padded=True) {where}; the "
             f"pad id can equal the end-of-turn id, so padding cannot be told from real tokens. Pass unpadded rows (a "
-            f"lazy stack of 1-D tensors, padded=False)"
-            + (" or the attention mask." if attn_key is not None else ".")
+            f"lazy stack of 1-D tensors, padded=False) or the attention mask."
         )
 
     def _encode(self, text: str) -> Tensor:

@@ -370,14 +370,17 @@ def test_unbatched_containers_holding_a_batch_of_one(tokenizer):
 
     single = ChatHistory(prompt=history(CONV[:2]), response=history(CONV[2:])).to_tokens(tokenizer)
     one_row = ChatHistory(prompt=History.from_chats([CONV[:2]]), response=History.from_chats([CONV[2:]]))
+    # TorchRL's shapes: a batch of one in gives a batch of one out ([1, T] ids, one-element lists, [1, n] History)
     got = one_row.to_tokens(tokenizer)
-    assert got.batch_size == torch.Size([]) and got.full.tolist() == single.full.tolist()
-    assert one_row.to_text(tokenizer).full == FULL_TEXT
+    assert got.batch_size == torch.Size([]) and got.full.tolist() == [single.full.tolist()]
+    assert got.prompt.tolist() == [single.prompt.tolist()] and got.response.tolist() == [single.response.tolist()]
+    assert list(one_row.to_text(tokenizer).full) == [FULL_TEXT]
     listed = Text(prompt=[PROMPT_TEXT], response=[RESPONSE_TEXT])
-    assert listed.to_tokens(tokenizer).full.tolist() == PROMPT_IDS + RESPONSE_IDS
-    assert _chat(listed.to_history(tokenizer).response) == [("assistant", "4")]
+    assert listed.to_tokens(tokenizer).full.tolist() == [PROMPT_IDS + RESPONSE_IDS]
+    back = listed.to_history(tokenizer)
+    assert back.response.batch_size == torch.Size([1, 1]) and _chat(back.response[0]) == [("assistant", "4")]
     two_d = Tokens(prompt=ids([PROMPT_IDS]), response=ids([RESPONSE_IDS]), padded=False)
-    assert two_d.to_text(tokenizer).full == FULL_TEXT
+    assert list(two_d.to_text(tokenizer).full) == [FULL_TEXT]
     with pytest.raises(ValueError, match=r"Text.prompt: this container is unbatched .* holds 2 rows; build it with "
                                          r"batch_size=\[2\]"):
         Text(prompt=[PROMPT_TEXT, PROMPT2_TEXT]).to_tokens(tokenizer)

@@ -150,8 +150,8 @@ def test_padded_ids_without_attention_mask_raise(tiny, tokenizer):
                                          r"\(tokens.padded=True\) without \('masks', 'all_attention_mask'\)"):
         lp(TensorDict(tokens=Tokens(full=padded, padded=True, batch_size=[2]), batch_size=[2]))
     gen = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="tokens", generate_kwargs={"max_new_tokens": 2})
-    with pytest.raises(ValueError, match=r"\('tokens', 'prompt'\) is padded \(tokens.padded=True\) and the generate "
-                                         r"version has no attention mask for prompts"):
+    with pytest.raises(ValueError, match=r"\('tokens', 'prompt'\) is padded \(tokens.padded=True\) without "
+                                         r"\('masks', 'all_attention_mask'\) or 'attention_mask'"):
         gen(TensorDict(tokens=Tokens(prompt=padded, padded=True, batch_size=[2]), batch_size=[2]))
     # with the attention mask the padding is dropped: same numbers as the unpadded rows
     attn = torch.tensor([[False, False, True, True, True], [True] * 5])

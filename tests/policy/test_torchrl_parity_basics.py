@@ -185,7 +185,7 @@ def test_history_log_prob_version_returns_text_history_and_the_response(tiny, to
     scorer = TransformersWrapper(tiny, tokenizer=tokenizer, generate=False)
     assert (scorer.return_text, scorer.return_history, scorer.return_tokens, scorer.return_masks) == (
         True, True, True, True)
-    assert scorer.out_keys == ["text", "tokens", "masks", "log_probs", "history"]
+    assert scorer.out_keys == ["text", "masks", "tokens", "log_probs", "history"]  # TorchRL's order
     out = scorer(_history_td([CONV, CONV_B]))
     for b, conv in enumerate([CONV, CONV_B]):
         ref = ChatHistory(full=History.from_chats(conv)).to_tokens(tokenizer)  # split at the last assistant turn
@@ -215,7 +215,7 @@ def test_return_flags_drop_outputs_and_are_validated(tiny, tokenizer):
     tok_mode = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="tokens", generate=False)
     assert (tok_mode.return_text, tok_mode.return_history) == (False, False)
     text_mode = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="text", generate=False)
-    assert text_mode.out_keys == ["text", "tokens", "masks", "log_probs"]
+    assert text_mode.out_keys == ["text", "masks", "tokens", "log_probs"]
     with pytest.raises(ValueError, match="return_history=True needs input_mode='history'"):
         TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="text", return_history=True)
     with pytest.raises(ValueError, match="return_text=True needs input_mode 'history' or 'text'"):
