@@ -30,8 +30,8 @@ def test_dataset_columns_reach_reward_functions(tmp_path, one_thread):
                         micro_batch_size=8, log_samples_every=0, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     dm = GRPODataModule(path=str(path), batch_size=2, num_eval=2, eval_batch_size=2)
     trainer = Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=1,
-                      limit_val_batches=1, val_check_interval=1, check_val_every_n_epoch=None)
+                      default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                      num_sanity_val_steps=1, limit_val_batches=1, val_check_interval=1, check_val_every_n_epoch=None)
     trainer.fit(module, dm)
     assert dm.columns == ["answer", "tests"]
     by_prompt = {r["prompt"]: r for r in rows}
