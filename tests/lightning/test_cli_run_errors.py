@@ -167,3 +167,26 @@ def test_unknown_builtin_reward_suggests_the_near_name():
                                           r"eval_reward_funcs entry\): not a built-in \(did you mean "
                                           r"'strict_arithmetic_reward'\?\)\. Built-in reward functions: "):
         resolve_reward("strict_arithmetic_rewrd")
+
+
+def test_evaluate_wrong_columns_names_its_own_option(workdir):
+    proc = run_cli(["evaluate", "--model", "tiny", "--data", "p.jsonl", "--limit", "2"], workdir)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    first = proc.stderr.splitlines()[0]
+    assert first == ("lit-llm evaluate: error: p.jsonl:1: missing key(s) ['question', 'answer'] for format 'gsm8k' "
+                     "(row keys: ['keyword', 'prompt']). lit-llm evaluate reads GSM8K rows: --data p.jsonl needs "
+                     "'question' and 'answer' columns (the answer ending '#### N')."), first
+    assert "--data.format" not in proc.stderr
+
+
+def test_evaluate_refuses_a_negative_limit(workdir):
+    proc = run_cli(["evaluate", "--model", "tiny", "--data", "p.jsonl", "--limit", "-1"], workdir)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == "lit-llm evaluate: error: --limit: must be >= 0 (0 = all questions), got -1"
+
+
+def test_evaluate_gsm8k_refuses_a_limit_below_one():
+    from lit_llm.evaluation import evaluate_gsm8k
+
+    with pytest.raises(ValueError, match=r"^evaluate_gsm8k: limit must be >= 1 \(or None = all rows\), got 0\.$"):
+        evaluate_gsm8k(None, None, "unused.jsonl", limit=0)
