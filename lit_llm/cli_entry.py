@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from jsonargparse import ArgumentParser
 
-from lit_llm.cli_errors import DEBUG_ENV, CLIConfigError, OneLineErrors, debug_enabled, near
+from lit_llm.cli_errors import DEBUG_ENV, CLIConfigError, OneLineErrors, debug_enabled, explain_config_error, near
 
 __all__ = ["EXTRA_COMMANDS", "LIGHTNING_COMMANDS", "Command", "ToolParser", "console_main", "export_command", "front",
            "top_parser"]
@@ -155,10 +155,13 @@ def front(argv: Sequence[str]) -> bool:
 
 
 def console_main() -> None:
-    """The ``lit-llm`` console script. An error raised while a LightningCLI run is built
-    (:class:`~lit_llm.cli_errors.CLIConfigError`) is printed as ``lit-llm: error: ...`` (no traceback) with exit
-    status 2; an extra subcommand's ``OSError`` / ``ValueError`` (a missing checkpoint,
-    an existing ``--out``) is one ``lit-llm CMD: error:`` line and exit status 2 (:data:`DEBUG_ENV` re-raises)."""
+    """The ``lit-llm`` console script. A user-input error raised while a LightningCLI run is built or runs
+    (:data:`lit_llm.lightning.cli.USER_ERRORS`: ``ValueError`` and its subclasses such as
+    :class:`~lit_llm.cli_errors.CLIConfigError`, ``FileNotFoundError``, Lightning's ``MisconfigurationException``)
+    is printed as ``lit-llm: error: ...`` plus the :data:`DEBUG_ENV` hint (no traceback) with exit status 2; any
+    other exception (a bug) keeps its traceback; an extra subcommand's ``OSError`` / ``ValueError`` (a missing
+    checkpoint, an existing ``--out``) is one ``lit-llm CMD: error:`` line and exit status 2
+    (:data:`DEBUG_ENV` re-raises)."""
     argv = sys.argv[1:]
     try:
         if front(argv):
@@ -170,12 +173,15 @@ def console_main() -> None:
         text = str(e).removeprefix(prefix)
         sys.stderr.write(f"{prefix}error: {text}\n  ({DEBUG_ENV}=1 shows the traceback)\n")
         raise SystemExit(2) from None
-    from lit_llm.lightning.cli import main
+    from lit_llm.lightning.cli import USER_ERRORS, main
 
     try:
         main()
-    except CLIConfigError as e:
-        sys.stderr.write(f"{PROG}: error: {e}\n")
+    except USER_ERRORS as e:
+        if debug_enabled():
+            raise
+        message = str(e) if isinstance(e, CLIConfigError) else explain_config_error(e)
+        sys.stderr.write(f"{PROG}: error: {message}\n")
         raise SystemExit(2) from None
 
 

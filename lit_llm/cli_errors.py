@@ -252,6 +252,12 @@ def explain_parse_error(message: str, parser: Any = None) -> str:
     m = re.match(r"unrecognized arguments: (.*)$", message.strip())
     if m:
         return _unknown_options(m.group(1), parser)
+    m = re.match(r"the following arguments are required: (.*)$", message.strip())
+    if m:
+        known = set(_option_strings(parser))
+        names = [n.strip() for n in m.group(1).split(",")]
+        shown = [n if n.startswith("-") or f"--{n}" not in known and known else f"--{n}" for n in names]
+        return f"the following options are required: {', '.join(shown)}"
     top = re.match(r'Parser key "([^"]+)":', lines[0]) if lines else None
     if top is None:
         return _detail(lines) or message
@@ -260,6 +266,9 @@ def explain_parse_error(message: str, parser: Any = None) -> str:
     given = _given(lines)
     if cls_i is None:
         rest = lines[1:]
+        same_line = lines[0][top.end():].strip()  # 'Parser key "config": File does not exist: ...' on one line
+        if same_line:
+            rest = [same_line, *rest]
         class_path_error = any("dot import path" in x or "Import path" in x for x in rest)
         hint = _action_hint(parser, key)
         if class_path_error:  # --model.class_path Typo: the imported subclasses of the option's base class
@@ -311,17 +320,39 @@ def _value_message(option: str, given: str | None, hint: Any, detail: str) -> st
 
 
 # ------------------------------------------------------------------------------------------ config-time errors
+def _is_wrapper(exc: BaseException) -> bool:
+    """Whether ``exc`` is jsonargparse's wrapping of another error (its own exception types, or a Union / class_path
+    message), as opposed to an error that states its cause itself (``DataFormatError(...) from JSONDecodeError``)."""
+    text = str(exc)
+    return (type(exc).__module__.startswith("jsonargparse") or "Problem with given class_path" in text
+            or any(n in text for n in _NOISE[:2]))
+
+
 def root_cause(exc: BaseException) -> BaseException:
-    """The innermost ``__cause__`` of ``exc`` (jsonargparse wraps a class's own error in its Union message)."""
+    """The error to report for ``exc``: the innermost ``__cause__`` through jsonargparse's wrappers (it wraps a
+    class's own error in its Union message); an error raised ``from`` another one in our code (a
+    ``DataFormatError`` from a ``JSONDecodeError``) is kept, since its own text names the input and the fix."""
     seen = set()
-    while exc.__cause__ is not None and id(exc) not in seen:
+    while exc.__cause__ is not None and id(exc) not in seen and _is_wrapper(exc):
         seen.add(id(exc))
         exc = exc.__cause__
     return exc
 
 
+def _option_like(word: str, text: str) -> bool:
+    """Whether ``word`` appears in ``text`` as an option, not as an English word: an identifier with ``_``
+    (``num_generations``), or written ``--word`` / ``x.word`` / ``word=`` / quoted (``'word'``, ```word```)."""
+    if "_" in word:
+        return True
+    w = re.escape(word)
+    return re.search(rf"(--|\.|[`'\"])\b{w}\b|\b{w}\s*=(?!=)|\b{w}[`'\"]", text) is not None
+
+
 def _find_option(text: str, config: Mapping[str, Any] | None) -> tuple[str, Any] | None:
-    """The first ``model``/``data`` init argument or ``trainer`` key named as a word in ``text``, with its value."""
+    """The ``model``/``data`` init argument or ``trainer`` key named in ``text`` as an option (:func:`_option_like`:
+    ``num_generations``, ``model.dtype``, ``accelerator='gpuu'``; a bare ``path`` in prose is not one), with its
+    value. Of several, the first whose value holds a value quoted in ``text`` (``'strict_arithmetic_rewrd'`` is in
+    ``reward_funcs``, not ``eval_reward_funcs``), else the first named."""
     if not config:
         return None
     candidates: dict[str, tuple[str, Any]] = {}
@@ -335,10 +366,13 @@ def _find_option(text: str, config: Mapping[str, Any] | None) -> tuple[str, Any]
         prefix = f"--{section}.init_args." if section != "trainer" else "--trainer."
         for k, v in init.items():
             candidates.setdefault(k, (prefix + k, v))
-    for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text):
-        if word in candidates and len(word) > 2:
-            return candidates[word]
-    return None
+    found = [candidates[w] for w in dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+             if w in candidates and len(w) > 2 and _option_like(w, text)]
+    quoted = [q for q in re.findall(r"'([^'\s]{3,})'", text)]
+    for option in found:
+        if any(q in str(option[1]) for q in quoted):
+            return option
+    return found[0] if found else None
 
 
 def explain_config_error(exc: BaseException, config: Mapping[str, Any] | None = None) -> str:

@@ -77,20 +77,30 @@ def evaluate_gsm8k(model: Any, tokenizer: Any, path: str, *, limit: int | None =
 
     Raises:
         FileNotFoundError, DataFormatError: missing file or bad row (see :func:`lit_llm.data.datasets.read_examples`).
-        ValueError: ``batch_size`` or ``max_new_tokens`` < 1.
+        ValueError: ``batch_size`` or ``max_new_tokens`` < 1, or ``limit`` < 1 (``None`` is all rows).
+        DataFormatError: rows without ``question`` / ``answer`` (the message names the file and those columns).
     """
     import torch
     from tensordict import TensorDict, lazy_stack
 
     from lit_llm.data.containers import Tokens
-    from lit_llm.data.datasets import read_examples, tokenize_example
+    from lit_llm.data.datasets import DataFormatError, read_examples, tokenize_example
     from lit_llm.policy import TransformersWrapper
     from lit_llm.rewards import gsm8k_answer_reward
 
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"evaluate_gsm8k: batch_size and max_new_tokens must be >= 1, got {batch_size}, "
                          f"{max_new_tokens}.")
-    examples = read_examples(path, fmt="gsm8k", system_prompt=system_prompt, limit=limit, option="--data")
+    if limit is not None and limit < 1:
+        raise ValueError(f"evaluate_gsm8k: limit must be >= 1 (or None = all rows), got {limit}.")
+    try:
+        examples = read_examples(path, fmt="gsm8k", system_prompt=system_prompt, limit=limit, option="--data")
+    except DataFormatError as e:  # the reader's fix names --data.format, an option of fit, not of evaluate
+        generic = "Fix the row, or choose the right --data.format."
+        if generic not in str(e):
+            raise
+        raise DataFormatError(str(e).replace(generic, f"lit-llm evaluate reads GSM8K rows: --data {path} needs "
+                                             f"'question' and 'answer' columns (the answer ending '#### N').")) from e
     prompts = [tokenize_example(ex, tokenizer, chat_template=chat_template).prompt_ids for ex in examples]
     policy = TransformersWrapper(model, tokenizer=tokenizer, input_mode="tokens", return_log_probs=False,
                                  generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": False})
@@ -153,6 +163,8 @@ def command(argv: Sequence[str] | None = None) -> GSM8KResult:
     p.add_argument("--threads", type=int | None, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--out", type=str | None, default=None, help="write per-question rows (JSONL) here")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.limit < 0:
+        p.error(f"--limit: must be >= 0 (0 = all questions), got {args.limit}")
     import torch
 
     from lit_llm.lightning.export import load_inference_policy

@@ -18,6 +18,7 @@ Reward functions are given as callables or as strings (:func:`resolve_reward`): 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -280,11 +281,15 @@ def _import_module(module: str, spec: str) -> Any:
                                   f"it imports is missing; install it).") from e
             if attempt:
                 cwd, where = os.getcwd(), module.replace(".", "/")
+                here = sorted(p.stem for p in Path(cwd).glob("*.py"))
+                close = difflib.get_close_matches(module, here, n=1, cutoff=0.6)
+                fn = spec.rpartition(":")[2]
+                hint = f" Did you mean '{close[0]}:{fn}' ({close[0]}.py is there)?" if close else ""
                 raise RewardError(
-                    f"Cannot import module {module!r} of reward function {spec!r}: it is not installed and the "
-                    f"current directory {cwd} has no {where}.py (nor package {where}/). Run from the folder that "
-                    f"holds it, or give the file: 'path/to/{module.rpartition('.')[2]}.py:"
-                    f"{spec.rpartition(':')[2]}'.") from e
+                    f"Reward function {spec!r} (a reward_funcs / eval_reward_funcs entry): no module {module!r}; "
+                    f"tried importing it (it is not installed) and the current directory {cwd} (no {where}.py nor "
+                    f"package {where}/).{hint} Fix the module name, run from the folder that holds it, or give the "
+                    f"file: 'path/to/{module.rpartition('.')[2]}.py:{spec.rpartition(':')[2]}'.") from e
         cwd = os.getcwd()
         if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
             sys.path.append(cwd)  # appended: a file of the folder never shadows an installed module
@@ -344,9 +349,11 @@ def resolve_reward(spec: RewardFn | str) -> RewardFn:
     if not any(c in text for c in (":", ".", "/", os.sep)):
         if text in builtins:
             return builtins[text]
-        raise RewardError(f"Unknown reward function {spec!r}: not a built-in. Built-in reward functions: "
-                          f"{sorted(builtins)}. For your own function give 'module:function' (a module importable or "
-                          f"in the current directory {os.getcwd()}) or 'path/to/file.py:function'.")
+        close = difflib.get_close_matches(text, list(builtins), n=1, cutoff=0.8)  # "_reward" alone: no match
+        raise RewardError(f"Unknown reward function {spec!r} (a reward_funcs / eval_reward_funcs entry): not a "
+                          f"built-in" + (f" (did you mean {close[0]!r}?)" if close else "") + ". Built-in reward "
+                          f"functions: {sorted(builtins)}. For your own function give 'module:function' (a module "
+                          f"importable or in the current directory {os.getcwd()}) or 'path/to/file.py:function'.")
     target, sep, attr = text.rpartition(":")
     if not sep:
         if text.endswith(".py"):

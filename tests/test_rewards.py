@@ -252,7 +252,8 @@ def test_builtin_names_resolve_and_unknown_names_list_them():
     assert RewardFunctions(["gsm8k_answer_reward"]).funcs == [gsm8k_answer_reward]
     listed = r"Built-in reward functions: \['arithmetic_answer_reward', 'concise_number_reward', " \
              r"'gsm8k_answer_reward', 'strict_arithmetic_reward', 'strict_number_format_reward'\]"
-    with pytest.raises(RewardError, match=r"Unknown reward function 'accuracy_reward': not a built-in\. " + listed):
+    with pytest.raises(RewardError, match=r"Unknown reward function 'accuracy_reward' \(a reward_funcs / "
+                                          r"eval_reward_funcs entry\): not a built-in\. " + listed):
         RewardFunctions(["accuracy_reward"])
     with pytest.raises(RewardError, match=r"'lit_llm.rewards:nope': module 'lit_llm.rewards' has no attribute "
                                           r"'nope'\. " + listed):
@@ -306,9 +307,9 @@ def test_module_from_the_current_directory_without_pythonpath(user_folder):
 
 def test_module_errors_name_the_spec_and_the_fix(user_folder):
     name = f"absent_{uuid.uuid4().hex[:8]}"
-    with pytest.raises(RewardError, match=rf"Cannot import module '{name}' of reward function '{name}:fn': it is not "
-                                          rf"installed and the current directory .* has no {name}\.py .*'path/to/"
-                                          rf"{name}\.py:fn'"):
+    with pytest.raises(RewardError, match=rf"Reward function '{name}:fn' \(a reward_funcs / eval_reward_funcs "
+                                          rf"entry\): no module '{name}'; tried importing it \(it is not installed\) "
+                                          rf"and the current directory .* \(no {name}\.py .*'path/to/{name}\.py:fn'"):
         resolve_reward(f"{name}:fn")
     broken = f"broken_{uuid.uuid4().hex[:8]}"
     (user_folder / f"{broken}.py").write_text("import not_a_real_dependency_xyz\n")

@@ -59,11 +59,11 @@ import lit_llm.lightning.grpo  # noqa: F401  (registers GRPOModule among PolicyM
 from lit_llm.cli_entry import EXTRA_COMMANDS, front
 from lit_llm.cli_errors import CLIConfigError, OneLineErrors, debug_enabled, explain_config_error
 from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
-from lit_llm.lightning.module import PolicyModule
+from lit_llm.lightning.module import PolicyModule, check_manual_optimization_options
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
 
-__all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
+__all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "USER_ERRORS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
            "check_resumable", "checkpoint_dir", "default_loggers", "main", "route_optimizer_options"]
 
 # Manual optimisation is deliberate (see lit_llm.lightning.module); a step-N checkpoint holds the weights after N steps.
@@ -188,6 +188,12 @@ class LitLLMSaveConfig(SaveConfigCallback):
 #: (:func:`lit_llm.cli_errors.explain_config_error`): bad values a class rejects, missing files, bad class paths.
 CONFIG_ERRORS = (ValueError, TypeError, OSError, ImportError, MisconfigurationException)
 
+#: Errors raised while a subcommand runs (``fit``: data read in ``setup``, rewards resolved, options checked at fit
+#: start) that are the user's input, not a bug: reported as one message like :data:`CONFIG_ERRORS`
+#: (``ValueError`` covers ``DataFormatError``, ``RewardError``, ``CLIConfigError``). Any other exception keeps its
+#: traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, MisconfigurationException)
+
 
 class _HeldLogs(logging.Filter):
     """Holds a logger's records (LightningCLI's "Seed set to N", logged before the classes are built) so that a
@@ -244,14 +250,23 @@ class LitLLMCLI(LightningCLI):
         super().after_instantiate_classes()
 
     @contextmanager
-    def _config_errors(self) -> Iterator[None]:
+    def _config_errors(self, errors: tuple[type[BaseException], ...] = CONFIG_ERRORS) -> Iterator[None]:
         try:
             yield
-        except CONFIG_ERRORS as e:
+        except errors as e:
             if debug_enabled():
+                raise
+            if isinstance(e, CLIConfigError) and "LIT_LLM_DEBUG" in str(e):  # already explained
                 raise
             config = self.config[self.subcommand] if self.subcommand else self.config
             raise CLIConfigError(explain_config_error(e, config)) from e
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """LightningCLI's, with a :data:`USER_ERRORS` error raised while the subcommand runs (bad data read in
+        ``setup``, a reward needing a missing column, a Trainer option the module refuses) reported as
+        :class:`CLIConfigError`."""
+        with self._config_errors(USER_ERRORS):
+            super()._run_subcommand(subcommand)
 
     def instantiate_classes(self) -> None:
         """LightningCLI's, with a class's error reported as :class:`CLIConfigError`."""
@@ -287,7 +302,10 @@ class LitLLMCLI(LightningCLI):
         rank_zero_only(print)(line, flush=True)
 
     def before_fit(self) -> None:
-        """Refuse to resume from a weights-only checkpoint (:func:`check_resumable`) before Lightning fails on it."""
+        """Refuse Trainer options that manual optimisation does not use
+        (:func:`~lit_llm.lightning.module.check_manual_optimization_options`, before Lightning's own, less helpful
+        check) and resuming from a weights-only checkpoint (:func:`check_resumable`) before Lightning fails on it."""
+        check_manual_optimization_options(self.trainer)
         ckpt_path = self._get(self.config_init, "ckpt_path")
         if ckpt_path == "last":
             found = [p for cb in self.trainer.checkpoint_callbacks if hasattr(cb, "_find_last_checkpoints")

@@ -117,7 +117,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         temperature: sampling temperature (> 0); the log-prob version scores at the same temperature.
         top_p, top_k: optional nucleus / top-k sampling (log-probs stay those of the full tempered distribution).
         loss_type: ``"dapo"`` (default, global token count of the step), ``"grpo"``, ``"dr_grpo"``, ``"bnpo"``.
-        epsilon, epsilon_high: clip range ``[1 - epsilon, 1 + epsilon_high]`` (``None`` = ``epsilon``).
+        epsilon, epsilon_high: clip range ``[1 - epsilon, 1 + epsilon_high]`` (``None`` = ``epsilon``); with
+            ``loss_type="cispo"`` ``epsilon_high`` is the absolute importance-weight cap (TRL recommends 5.0; a
+            value <= 1 caps every token's weight and warns).
         beta: k3 KL coefficient to a frozen reference copy of the initial policy (0 = no reference built).
         scale_rewards: ``"group"``, ``"batch"`` or ``"none"``.
         mask_truncated_completions: exclude completions that hit ``max_new_tokens`` from the loss (DAPO).
@@ -210,6 +212,12 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             raise ValueError(f"GRPOModule: temperature must be > 0 (GRPO samples), got {temperature}.")
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"GRPOModule: unknown loss_type {loss_type!r}; choose dapo, grpo, dr_grpo, bnpo or cispo.")
+        if loss_type == "cispo" and epsilon_high is not None and 0 < epsilon_high <= 1:
+            rank_zero_warn(f"GRPOModule: loss_type='cispo' with epsilon_high={epsilon_high}: CISPO's epsilon_high is "
+                           f"an absolute cap on the importance-sampling weight (TRL's semantics, ScaleRL's eps_max), "
+                           f"not a clip width, so every token's weight is capped at {epsilon_high} (below the "
+                           f"on-policy weight 1). Set epsilon_high above 1, e.g. 5.0 (TRL's recommended value for "
+                           f"cispo).")
         check_old_log_probs(old_log_probs, rollout_correction, rollout_mode)
         try:  # the estimator's own checks (e.g. reinforce_plus_plus with scale_rewards: group), before any rollout
             compute_advantages(torch.zeros(num_generations), num_generations, scale_rewards=scale_rewards,

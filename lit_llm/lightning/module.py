@@ -40,7 +40,8 @@ from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig, base_model_identit
 from lit_llm.objectives.sft import NonFiniteLossError, check_finite, sft_loss, sft_step_count
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 
-__all__ = ["PolicyModule", "SFTModule", "check_weights_precision", "load_policy_model"]
+__all__ = ["PolicyModule", "SFTModule", "check_manual_optimization_options", "check_weights_precision",
+           "load_policy_model"]
 
 
 def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
@@ -84,9 +85,10 @@ def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
 
 
 def check_weights_precision(model: torch.nn.Module, precision: str, dtype_option: str) -> None:
-    """Refuse half precision weights under a mixed precision (``bf16-mixed``, ``16-mixed``): mixed precision means
-    fp32 master weights with half precision compute, and optimizer updates below the bf16/fp16 resolution of the
-    weights would be lost.
+    """Refuse half precision weights unless ``trainer.precision`` is the matching ``*-true`` one: under a mixed
+    precision (``bf16-mixed``, ``16-mixed``: fp32 master weights with half precision compute) and under ``32-true`` /
+    ``64-true`` (the run says full precision) the optimizer would update half precision weights (and keep its AdamW
+    state in that dtype), losing updates below their resolution while the run reports another precision.
 
     Args:
         model: the trained model (the dtype of its floating parameters is checked, so ``"auto"`` is covered).
@@ -94,20 +96,49 @@ def check_weights_precision(model: torch.nn.Module, precision: str, dtype_option
         dtype_option: the ``model.dtype`` option, named in the message.
 
     Raises:
-        ValueError: names ``model.dtype``, ``trainer.precision`` and both fixes.
+        ValueError: names ``model.dtype``, ``trainer.precision`` and both fixes (``model.dtype float32``, or the
+            explicit ``trainer.precision bf16-true`` / ``16-true``).
     """
-    if not precision.endswith("-mixed"):
-        return
     half = {p.dtype for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)}
-    if half:
-        name = str(sorted(half, key=str)[0]).removeprefix("torch.")
-        true = "bf16-true" if name == "bfloat16" else "16-true"
-        raise ValueError(
-            f"model.dtype={dtype_option!r} loads the weights in {name}, but trainer.precision={precision!r} is mixed "
-            f"precision (fp32 master weights, half precision compute): the optimizer would update {name} weights. "
-            f"Fix: set model.dtype float32 to keep {precision}, or keep model.dtype {dtype_option} with "
-            f"trainer.precision {true} (weights and compute in {name})."
-        )
+    if not half:
+        return
+    name = str(sorted(half, key=str)[0]).removeprefix("torch.")
+    true = "bf16-true" if name == "bfloat16" else "16-true"
+    if precision == true:
+        return
+    if precision.endswith("-mixed"):
+        what = "is mixed precision (fp32 master weights, half precision compute)"
+    else:
+        what = "is not half precision training"
+    raise ValueError(
+        f"model.dtype={dtype_option!r} loads the weights in {name}, but trainer.precision={precision!r} {what}: the "
+        f"optimizer would update {name} weights (and keep its state in {name}) while the run reports "
+        f"{precision}. Fix: set model.dtype float32 to keep {precision}, or keep model.dtype {dtype_option} with "
+        f"trainer.precision {true} given explicitly (weights and compute in {name})."
+    )
+
+
+def check_manual_optimization_options(trainer: Any) -> None:
+    """Refuse the Trainer options that manual optimisation does not use, naming the module's replacement. Lightning
+    refuses them too, but inside ``trainer.fit`` with advice that does not apply ("switch to automatic
+    optimization"); ``lit-llm fit`` calls this first (:meth:`lit_llm.lightning.cli.LitLLMCLI.before_fit`).
+
+    Args:
+        trainer: a ``Trainer`` (its ``accumulate_grad_batches`` and ``gradient_clip_val`` are read).
+
+    Raises:
+        ValueError: ``accumulate_grad_batches != 1`` (use ``data.batch_size`` / ``data.micro_batch_size``) or a
+            ``gradient_clip_val`` (use ``model.grad_clip``).
+    """
+    if trainer.accumulate_grad_batches != 1:
+        raise ValueError(f"--trainer.accumulate_grad_batches {trainer.accumulate_grad_batches} is not used: one "
+                         f"training batch is one optimizer step. Remove it and set --data.init_args.batch_size "
+                         f"(samples per optimizer step) and data.micro_batch_size (samples per forward pass; GRPO: "
+                         f"model.micro_batch_size) instead.")
+    if trainer.gradient_clip_val:
+        raise ValueError(f"--trainer.gradient_clip_val {trainer.gradient_clip_val} is not used with manual "
+                         f"optimisation: remove it and set --model.init_args.grad_clip {trainer.gradient_clip_val} "
+                         f"instead.")
 
 
 class PolicyModule(LightningModule):
@@ -183,15 +214,9 @@ class PolicyModule(LightningModule):
         precision weights (``model.dtype``) under a ``*-mixed`` ``trainer.precision`` and two different chat template
         settings on the model and the data (see :meth:`_share_template_options`)."""
         t = self.trainer
+        check_manual_optimization_options(t)
         check_weights_precision(self.model, str(t.precision), self.model_config.dtype)
         self._share_template_options(t.datamodule)
-        if t.accumulate_grad_batches != 1:
-            raise ValueError(f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} is not used: one training "
-                             f"batch is one optimizer step. Set data.batch_size (samples per step) and "
-                             f"data.micro_batch_size (samples per forward pass) instead.")
-        if t.gradient_clip_val:
-            raise ValueError(f"trainer.gradient_clip_val={t.gradient_clip_val} is not used with manual optimisation; "
-                             f"set model.grad_clip instead.")
 
     # ------------------------------------------------------------------------------------------------ resuming
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -297,7 +297,9 @@ def test_half_weights_with_mixed_precision_refused_at_fit_start(rows_path, token
 
 @pytest.mark.parametrize(("dtype", "precision", "refused"), [
     (torch.float16, "16-mixed", True), (torch.bfloat16, "16-mixed", True), (torch.bfloat16, "bf16-true", False),
-    (torch.bfloat16, "32-true", False), (torch.float32, "bf16-mixed", False), (torch.float32, "16-mixed", False)])
+    (torch.bfloat16, "32-true", True), (torch.float16, "32-true", True), (torch.float16, "bf16-true", True),
+    (torch.float16, "16-true", False), (torch.float32, "bf16-mixed", False), (torch.float32, "16-mixed", False),
+    (torch.float32, "32-true", False)])
 def test_check_weights_precision(tokenizer, dtype, precision, refused):
     from lit_llm.lightning.module import check_weights_precision
     from lit_llm.models import tiny_model
