@@ -1,8 +1,14 @@
 """Training-curve PNG from a Lightning ``CSVLogger`` run (``lit-llm plot LOG_DIR``).
 
 Lightning's ``CSVLogger`` writes ``<save_dir>/<name>/version_<N>/metrics.csv``: one row per logging call, with
-only the columns logged by that call filled (the file is *sparse*), plus ``step`` (the optimizer step, Lightning's
-``global_step``) and ``epoch``. A run resumed with ``--ckpt_path`` gets a new ``version_N`` folder; this module joins
+only the columns logged by that call filled (the file is *sparse*), plus ``step`` and ``epoch``. ``step`` is
+``global_step``, the optimizer steps done, as progress lines and ``eval_samples.csv`` count them: a step's training
+metrics at the step it completes (the first at 1), the evaluation after step N at N, the pre-training evaluation and
+the ``data/*`` counts at 0 (the lit-llm modules log an explicit ``step``; Lightning's default for manual optimization
+would be one less). ``lit-llm validate`` logs at the checkpoint's step; such an evaluation-only version adds its
+points to the eval panels (later wins) and is no new run.
+
+A run resumed with ``--ckpt_path`` gets a new ``version_N`` folder; this module joins
 the versions of one run into one curve per metric (:func:`load_metrics`: where steps overlap after a resume, the
 later version wins) and draws **one panel per concept** (:data:`PANEL_SPECS`, in this order):
 

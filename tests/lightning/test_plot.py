@@ -473,8 +473,9 @@ def test_grpo_tiny_cli_resumed_once_plot(tmp_path):
     v1 = _csv_points(tmp_path / "run" / "csv" / "version_1" / "metrics.csv")
     first = min(s for pts in v1.values() for s in pts)  # version_1 starts at its checkpoint
     assert result.resumed_at == [first]
-    assert first <= 3.0 and sorted(v1["train/reward"]) == [3.0, 4.0, 5.0, 6.0, 7.0]
-    assert sorted(v0["train/reward"]) == [0.0, 1.0, 2.0, 3.0, 4.0]  # steps 3, 4 overlap
+    # metrics at global_step (steps done): version_0 logs steps 1-5, version_1 (from the step-3 checkpoint) 4-8
+    assert first <= 4.0 and sorted(v1["train/reward"]) == [4.0, 5.0, 6.0, 7.0, 8.0]
+    assert sorted(v0["train/reward"]) == [1.0, 2.0, 3.0, 4.0, 5.0]  # steps 4, 5 overlap
     drawn = {s.name: s for series in result.panels.values() for s in series}
     for name in ("train/reward", "time/step", "train/tokens_per_sec", "eval/id_reward", "eval/odd_reward"):
         # by hand: version_0 up to version_1's first step, then version_1 (later wins on overlapping steps)
@@ -482,7 +483,7 @@ def test_grpo_tiny_cli_resumed_once_plot(tmp_path):
         expected.update(v1.get(name, {}))
         assert _curve(drawn[name]) == expected, name
     assert _curve(drawn["time/step"])[4.0] == v1["time/step"][4.0] != v0["time/step"][4.0]  # v1 wins, not v0
-    assert sorted(drawn["train/reward"].steps) == [float(s) for s in range(8)]
+    assert sorted(drawn["train/reward"].steps) == [float(s) for s in range(1, 9)]
     assert drawn["train/reward"].std is not None  # reward_std is its band
     assert [s.label for s in result.panels["Reward per function"]] == ["frac_reward", "odd_reward"]
     assert [s.label for s in result.panels["Eval accuracy (greedy)"]] == ["id_reward", "odd_reward"]
