@@ -323,7 +323,6 @@ class SFTDataModule(LightningDataModule):
                        f"samples; {self.num_truncated} truncated to max_length={self.max_length}, "
                        f"{self.num_dropped_no_tokens} dropped with no trainable token (head {self._head()!r}), "
                        f"{self.num_skipped_rows} bad rows skipped.")
-        self._log_counts()
 
     def _check_text_head(self, examples: list[Example]) -> None:
         head = self._head()
@@ -362,7 +361,15 @@ class SFTDataModule(LightningDataModule):
         return out
 
     def _log_counts(self) -> None:
-        for logger in getattr(self.trainer, "loggers", None) or []:
+        """Log the ``data/*`` counts of :meth:`setup` at step 0, once, from :meth:`train_dataloader` (called after a
+        resumed fit restored its ``global_step``), and only in a fit that starts at step 0: a resumed fit, or a
+        ``validate`` / ``test`` run, would put a step-0 row in its new CSV version, which reads as a run starting
+        over (:mod:`lit_llm.lightning.plot`). :meth:`setup` prints the counts in every run."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or getattr(self, "_counts_logged", False) or trainer.global_step != 0:
+            return
+        self._counts_logged = True
+        for logger in getattr(trainer, "loggers", None) or []:
             logger.log_metrics({"data/skipped_rows": float(self.num_skipped_rows),
                                 "data/dropped_no_trainable_tokens": float(self.num_dropped_no_tokens),
                                 "data/truncated": float(self.num_truncated),
@@ -370,8 +377,10 @@ class SFTDataModule(LightningDataModule):
 
     # -------------------------------------------------------------------------------------------------- loaders
     def train_dataloader(self) -> StepBatchLoader:
-        """The resumable per-optimizer-step loader (see :class:`StepBatchLoader`)."""
+        """The resumable per-optimizer-step loader (see :class:`StepBatchLoader`); logs the data counts in a fresh
+        fit (:meth:`_log_counts`)."""
         trainer = self.trainer
+        self._log_counts()
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         loader = StepBatchLoader(self.train_samples, batch_size=self.batch_size,
                                  micro_batch_size=self.micro_batch_size, pad_token_id=self._pad_id(), seed=self.seed,

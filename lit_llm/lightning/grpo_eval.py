@@ -4,7 +4,10 @@ version (:meth:`~lit_llm.lightning.versions.PolicyVersionSwitch.greedy`), scored
 :class:`GreedyEvaluation` is mixed into :class:`~lit_llm.lightning.grpo.GRPOModule`: ``trainer.val_check_interval``
 runs it every N steps; each ``eval_reward_funcs`` function's mean is logged as ``eval/<fn>`` (torchmetrics, synced
 over ranks); with ``trainer.num_sanity_val_steps: -1`` the full evaluation also runs before training and is logged at
-step 0 (the "before" number). The first completions go to ``eval_samples.csv`` (and a wandb table).
+step 0 (the "before" number). The first completions go to ``eval_samples.csv`` (and a wandb table). Metrics are
+logged at :attr:`eval_step` (``global_step``; the checkpoint's step in ``validate``); the line reporting them is the
+:class:`~lit_llm.lightning.progress.StepProgressBar`'s, or ``[step N] greedy eval: ...`` when no such bar is
+attached.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lit_llm.data.prompts import tokenize_prompts
+from lit_llm.lightning.progress import StepProgressBar
 from lit_llm.lightning.tables import append_csv, log_table
 
 __all__ = ["GreedyEvaluation"]
@@ -75,12 +79,15 @@ class GreedyEvaluation:
         if self.trainer.sanity_checking:
             if self.trainer.is_global_zero:
                 for logger in self.trainer.loggers:
-                    logger.log_metrics({k: float(v) for k, v in values.items()}, step=self.global_step)
+                    logger.log_metrics({k: float(v) for k, v in values.items()}, step=self.eval_step)
         else:
-            self.log_dict(values, batch_size=1)
+            # x value: the step evaluated (global_step while fitting, the checkpoint's step in validate / test)
+            self.log_dict({**values, "step": float(self.eval_step)}, batch_size=1)
         if self.trainer.is_global_zero:
-            rank_zero_info(f"[step {self.eval_step}] greedy eval: " +
-                           ", ".join(f"{k}={float(v):.3f}" for k, v in values.items()))
+            if not any(isinstance(cb, StepProgressBar) for cb in self.trainer.callbacks):
+                # the bar prints the evaluation line; without it (enable_progress_bar false) this is the only report
+                rank_zero_info(f"[step {self.eval_step}] greedy eval: " +
+                               ", ".join(f"{k}={float(v):.3f}" for k, v in values.items()))
             if rows:
                 columns = ["step", "sample_id", "completion", "reference", *self.eval_rewards.names]
                 append_csv(self.trainer, "eval_samples.csv", columns, rows)

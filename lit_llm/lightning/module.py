@@ -467,6 +467,13 @@ class PolicyModule(LightningModule):
         if self._step_start is None:
             self._step_start = time.perf_counter()
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Log the step's metrics at ``global_step`` (the optimizer steps done, as progress lines and
+        ``eval_samples.csv`` count them): Lightning's default x value for manual optimization is the batches stepped
+        *before* this one, one less (the first step would share step 0 with the pre-training evaluation)."""
+        self.log_dict({"step": float(self.global_step), "epoch": float(self.current_epoch)}, on_step=True,
+                      on_epoch=False, batch_size=1, logger=True)
+
     def _log_step(self, totals: dict[str, Tensor], grad_norm: Tensor, opt: Any) -> None:
         keys = sorted(totals)
         summed = dict(zip(keys, self._all_sum(torch.stack([totals[k].float() for k in keys])).unbind()))
@@ -664,7 +671,8 @@ class SFTModule(PolicyModule):
         n = sums["num_tokens"].clamp(min=1)
         nll = sums["nll_sum"] / n
         self.log_dict({"val/loss": nll, "val/ppl": torch.exp(nll), "val/token_accuracy": sums["hits"] / n,
-                       "val/entropy": sums["entropy_sum"] / n, "val/tokens": sums["num_tokens"]},
+                       "val/entropy": sums["entropy_sum"] / n, "val/tokens": sums["num_tokens"],
+                       "step": float(self.eval_step)},  # x value: the checkpoint's step in validate
                       prog_bar=False, batch_size=1, sync_dist=False)
 
 

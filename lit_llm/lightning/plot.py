@@ -1,8 +1,14 @@
 """Training-curve PNG from a Lightning ``CSVLogger`` run (``lit-llm plot LOG_DIR``).
 
 Lightning's ``CSVLogger`` writes ``<save_dir>/<name>/version_<N>/metrics.csv``: one row per logging call, with
-only the columns logged by that call filled (the file is *sparse*), plus ``step`` (the optimizer step, Lightning's
-``global_step``) and ``epoch``. A run resumed with ``--ckpt_path`` gets a new ``version_N`` folder; this module joins
+only the columns logged by that call filled (the file is *sparse*), plus ``step`` and ``epoch``. ``step`` is
+``global_step``, the optimizer steps done, as progress lines and ``eval_samples.csv`` count them: a step's training
+metrics at the step it completes (the first at 1), the evaluation after step N at N, the pre-training evaluation and
+the ``data/*`` counts at 0 (the lit-llm modules log an explicit ``step``; Lightning's default for manual optimization
+would be one less). ``lit-llm validate`` logs at the checkpoint's step; such an evaluation-only version adds its
+points to the eval panels (later wins) and is no new run.
+
+A run resumed with ``--ckpt_path`` gets a new ``version_N`` folder; this module joins
 the versions of one run into one curve per metric (:func:`load_metrics`: where steps overlap after a resume, the
 later version wins) and draws **one panel per concept** (:data:`PANEL_SPECS`, in this order):
 
@@ -314,8 +320,28 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return [dict(row) for row in csv.DictReader(f)]
 
 
+_SETUP_COLUMN = r"^data/"
+"""Columns a run logs once at setup (data counts), not at a training step: they do not mark where a version starts."""
+_EVAL_COLUMN = r"^(eval|val|test)/"
+"""Evaluation columns: a version with only these (and setup columns) is a ``validate`` / ``test`` run's."""
+
+
+def _logged(row: Mapping[str, object]) -> list[str]:
+    """The columns ``row`` gives a value (``step`` and ``epoch`` left out)."""
+    return [k for k, v in row.items() if k not in (_STEP, _EPOCH) and k is not None and _to_float(v) is not None]
+
+
 def _steps(rows: list[dict[str, str]]) -> list[float]:
-    return [x for r in rows if (x := _to_float(r.get(_STEP))) is not None]
+    """Steps of the rows that log something besides setup columns (``data/*``): where a version starts."""
+    return [x for r in rows if (x := _to_float(r.get(_STEP))) is not None
+            and any(not re.search(_SETUP_COLUMN, c) for c in _logged(r))]
+
+
+def _is_evaluation_only(rows: list[dict[str, str]]) -> bool:
+    """A version with evaluation columns and no training column (``lit-llm validate`` / ``test`` into a run's
+    folder)."""
+    cols = {c for r in rows for c in _logged(r) if not re.search(_SETUP_COLUMN, c)}
+    return bool(cols) and all(re.search(_EVAL_COLUMN, c) for c in cols)
 
 
 def _hparams(metrics_file: Path) -> str | None:
@@ -371,7 +397,23 @@ def load_metrics(log_dir: str | Path, version: int | None = None) -> tuple[list[
 
 
 def _join_versions(files: list[Path]) -> tuple[list[dict[str, str]], list[Path], list[float]]:
-    """:func:`load_metrics`' joining; also returns the first step of each joined version after the oldest."""
+    """:func:`load_metrics`' joining; also returns the first step of each joined version after the oldest.
+
+    Evaluation-only versions (:func:`_is_evaluation_only`: ``lit-llm validate`` into the run's folder) take no part
+    in the chain: the training versions are joined, then the rows of every evaluation-only version newer than the
+    chain's oldest are appended (their points land on the eval panels at their step; later wins)."""
+    evaluations = [f for f in files if _is_evaluation_only(_read_csv(f))]
+    training = [f for f in files if f not in evaluations]
+    if not training:  # nothing but evaluations: the newest alone, as before
+        return _read_csv(files[-1]), [files[-1]], []
+    rows, chain, starts = _join_training(training)
+    first = files.index(chain[0])
+    extra = [f for f in evaluations if files.index(f) > first]
+    rows = rows + [r for f in extra for r in _read_csv(f)]
+    return rows, sorted(chain + extra, key=files.index), starts
+
+
+def _join_training(files: list[Path]) -> tuple[list[dict[str, str]], list[Path], list[float]]:
     chain = [files[-1]]
     chunks = [_read_csv(files[-1])]
     starts: list[float] = []

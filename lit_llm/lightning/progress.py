@@ -11,6 +11,10 @@ line every ``every_n_steps`` optimizer steps and after every evaluation, flushed
 
     [step 20/80] 3m41s elapsed, ETA 11m02s, 8.3 s/step | reward 0.412 | eval 0.295 | tok/s 312
 
+The evaluation line is the run's one report of an evaluation: printed plainly off a terminal, through
+``tqdm.write`` (above the bar) on one. In ``validate`` / ``test`` it reads ``[step <checkpoint step>] evaluation:
+<metrics>``, without max_steps or timing.
+
 The ``lit-llm`` CLI adds it whenever ``trainer.enable_progress_bar`` is true (every shipped config) and no other
 progress bar is given (:meth:`lit_llm.lightning.cli.LitLLMCLI.instantiate_trainer`).
 """
@@ -140,7 +144,11 @@ class StepProgressBar(TQDMProgressBar):
         return " ".join(x for x in (head, prefix, timing) if x) + (f" | {body}" if body else "")
 
     def _print(self, text: str) -> None:
-        print(text, file=sys.stdout, flush=True)
+        """A line on stdout: printed as is in plain mode, through tqdm (above the bar, which stays) otherwise."""
+        if self.is_plain:
+            print(text, file=sys.stdout, flush=True)
+        else:
+            Tqdm.write(text, file=sys.stdout)
 
     # ---------------------------------------------------------------------------------------------------- hooks
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -189,11 +197,26 @@ class StepProgressBar(TQDMProgressBar):
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if not self.is_plain or not trainer.is_global_zero:
+        self._evaluation_line(trainer, pl_module, ("val/", "eval/"))
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_test_end(trainer, pl_module)
+        self._evaluation_line(trainer, pl_module, ("test/", "val/", "eval/"))
+
+    def _evaluation_line(self, trainer: Trainer, pl_module: LightningModule, prefixes: tuple[str, ...]) -> None:
+        """The line of an evaluation (the run's only report of it: in plain mode and, through tqdm, on a terminal).
+        While fitting: ``[step 3/6] evaluation: <timing> | <metrics>``; in ``validate`` / ``test``:
+        ``[step <eval_step>] evaluation: <metrics>`` (the loaded checkpoint's step, no max_steps or timing)."""
+        if not trainer.is_global_zero:
             return
         metrics = {k: v for k, v in dict(trainer.callback_metrics).items()
-                   if k.startswith(("val/", "eval/")) and getattr(v, "numel", lambda: 1)() == 1}
-        if metrics:
-            what = "sanity check" if trainer.sanity_checking else "evaluation"
-            shown = {k: float(v) for k, v in metrics.items()}
-            self._print(self._line(trainer, what + ":", shown))
+                   if k.startswith(prefixes) and getattr(v, "numel", lambda: 1)() == 1}
+        if not metrics:
+            return
+        what = "sanity check:" if trainer.sanity_checking else "evaluation:"
+        shown = {k: float(v) for k, v in metrics.items()}
+        if trainer.state.fn == "fit":
+            self._print(self._line(trainer, what, shown))
+        else:
+            step = int(getattr(pl_module, "eval_step", trainer.global_step))
+            self._print(f"[step {step}] {what} " + " | ".join(f"{k} {_format_value(v)}" for k, v in shown.items()))

@@ -473,8 +473,9 @@ def test_grpo_tiny_cli_resumed_once_plot(tmp_path):
     v1 = _csv_points(tmp_path / "run" / "csv" / "version_1" / "metrics.csv")
     first = min(s for pts in v1.values() for s in pts)  # version_1 starts at its checkpoint
     assert result.resumed_at == [first]
-    assert first <= 3.0 and sorted(v1["train/reward"]) == [3.0, 4.0, 5.0, 6.0, 7.0]
-    assert sorted(v0["train/reward"]) == [0.0, 1.0, 2.0, 3.0, 4.0]  # steps 3, 4 overlap
+    # metrics at global_step (steps done): version_0 logs steps 1-5, version_1 (from the step-3 checkpoint) 4-8
+    assert first <= 4.0 and sorted(v1["train/reward"]) == [4.0, 5.0, 6.0, 7.0, 8.0]
+    assert sorted(v0["train/reward"]) == [1.0, 2.0, 3.0, 4.0, 5.0]  # steps 4, 5 overlap
     drawn = {s.name: s for series in result.panels.values() for s in series}
     for name in ("train/reward", "time/step", "train/tokens_per_sec", "eval/id_reward", "eval/odd_reward"):
         # by hand: version_0 up to version_1's first step, then version_1 (later wins on overlapping steps)
@@ -482,7 +483,7 @@ def test_grpo_tiny_cli_resumed_once_plot(tmp_path):
         expected.update(v1.get(name, {}))
         assert _curve(drawn[name]) == expected, name
     assert _curve(drawn["time/step"])[4.0] == v1["time/step"][4.0] != v0["time/step"][4.0]  # v1 wins, not v0
-    assert sorted(drawn["train/reward"].steps) == [float(s) for s in range(8)]
+    assert sorted(drawn["train/reward"].steps) == [float(s) for s in range(1, 9)]
     assert drawn["train/reward"].std is not None  # reward_std is its band
     assert [s.label for s in result.panels["Reward per function"]] == ["frac_reward", "odd_reward"]
     assert [s.label for s in result.panels["Eval accuracy (greedy)"]] == ["id_reward", "odd_reward"]
@@ -495,3 +496,68 @@ def test_grpo_tiny_cli_resumed_once_plot(tmp_path):
         info = _png(tmp_path / png)
         assert info["Description"] == "panels: " + "; ".join(result.titles)
         assert info["pixels"].ndim == 3 and info["pixels"].std() > 10
+
+
+def test_setup_rows_at_step_0_do_not_restart_a_resumed_version(tmp_path):
+    """A resumed version that (as SFT runs did) logs ``data/*`` counts at step 0 before training on from step 4
+    still continues version_0: its start is its first non-``data/*`` row (step 4), not 0."""
+    run = tmp_path / "csv"
+    data = {"step": 0, "data/train_samples": 32.0, "data/truncated": 0.0}
+    _write_csv(run / "version_0" / "metrics.csv", [data, *sft_rows(range(0, 4))], config=True)
+    _write_csv(run / "version_1" / "metrics.csv", [data, *[dict(r, **{"train/loss": 5.0})
+                                                          for r in sft_rows(range(4, 8))]],
+               ckpt_path="last", config=True)
+    result = plot_training_curves(run, tmp_path / "c.png")
+    assert [f.parent.name for f in result.files] == ["version_0", "version_1"]
+    assert result.resumed_at == [4.0]
+    loss = _curve(result.panels["Loss"][0])
+    assert loss == pytest.approx({0.0: 2.0, 1.0: 1.9, 2.0: 1.8, 3.0: 1.7, 4.0: 5.0, 5.0: 5.0, 6.0: 5.0, 7.0: 5.0})
+
+
+def test_validate_only_version_adds_eval_points_not_a_new_run(tmp_path):
+    """``lit-llm validate`` into a GRPO run's folder writes a version with only ``eval/*`` rows (version_2, at the
+    checkpoint's step 9; an older validate wrote one at step 0: version_1). The training curve comes from version_0;
+    the eval panel gets the validate points at their step, later wins (step 0: version_1's 0.5 over version_0's)."""
+    run = tmp_path / "csv"
+    _write_csv(run / "version_0" / "metrics.csv", _grpo_version(range(0, 10), [0, 3, 6, 9], k=0.0), config=True)
+    _write_csv(run / "version_1" / "metrics.csv", [{"epoch": 0, "step": 0, "eval/strict": 0.5}],
+               ckpt_path="runs/x/checkpoints/last.ckpt", config=True)
+    _write_csv(run / "version_2" / "metrics.csv", [{"step": 9, "data/train_samples": 8.0},
+                                                   {"epoch": 0, "step": 9, "eval/strict": 0.75}],
+               ckpt_path="runs/x/checkpoints/last.ckpt", config=True)
+    rows, files = load_metrics(run)
+    assert [f.parent.name for f in files] == ["version_0", "version_1", "version_2"]
+    panels = collect_panels(rows)
+    (reward,) = panels["Reward"]
+    assert reward.steps == [float(s) for s in range(10)]
+    (ev,) = panels["Eval accuracy (greedy)"]
+    assert _curve(ev) == pytest.approx({0.0: 0.5, 3.0: 0.03, 6.0: 0.06, 9.0: 0.75})
+    result = plot_training_curves(run, tmp_path / "c.png")  # no "every plotted column is constant"
+    assert result.resumed_at == [] and "Reward" in result.titles
+
+    # evaluations only: the newest alone, as before
+    only = tmp_path / "only"
+    _write_csv(only / "version_0" / "metrics.csv", [{"step": 0, "eval/strict": 0.5}])
+    _write_csv(only / "version_1" / "metrics.csv", [{"step": 4, "eval/strict": 0.25}])
+    rows, files = load_metrics(only)
+    assert [f.parent.name for f in files] == ["version_1"] and len(rows) == 1
+
+
+@pytest.mark.slow
+def test_sft_tiny_cli_resumed_once_plot_joins_both_versions(tmp_path):
+    """``lit-llm fit`` of ``sft_tiny`` for 4 steps, resumed with ``--ckpt_path last`` up to 8, then ``lit-llm plot``:
+    the data counts are logged by version_0 only (at step 0), and the plot joins both versions (it used to read
+    version_1 alone: its step-0 ``data/*`` row read as a fresh start)."""
+    common = ["fit", "--config", str(ROOT / "configs" / "sft_tiny.yaml"), "--trainer.default_root_dir", "run"]
+    _cli(tmp_path, *common, "--trainer.max_steps", "4")
+    _cli(tmp_path, *common, "--trainer.max_steps", "8", "--ckpt_path", "last")
+    v0 = _csv_points(tmp_path / "run" / "csv" / "version_0" / "metrics.csv")
+    v1 = _csv_points(tmp_path / "run" / "csv" / "version_1" / "metrics.csv")
+    assert v0["data/train_samples"] == {0.0: pytest.approx(v0["data/train_samples"][0.0])}
+    assert not any(k.startswith("data/") for k in v1)
+    result = plot_training_curves(tmp_path / "run", tmp_path / "curves.png")
+    assert [f.parent.name for f in result.files] == ["version_0", "version_1"]
+    drawn = {s.name: s for series in result.panels.values() for s in series}
+    expected = {**v0["train/loss"], **v1["train/loss"]}
+    assert _curve(drawn["train/loss"]) == expected and len(expected) == 8
+    assert result.resumed_at == [min(v1["train/loss"])]
