@@ -101,9 +101,9 @@ def test_tiny_sft_end_to_end_resume_and_export(tmp_path):
     assert "last.ckpt" in ckpts and "epoch=4-step=20.ckpt" in ckpts
     assert list(full.glob("wandb/offline-run-*")), "the offline wandb run directory is missing"
     losses = train_losses(full)
-    assert sorted(losses) == list(range(20))
+    assert sorted(losses) == list(range(1, 21))  # metrics.csv step = optimizer steps done
     assert all(math.isfinite(v) for v in losses.values())
-    first, last = [losses[s] for s in range(5)], [losses[s] for s in range(15, 20)]
+    first, last = [losses[s] for s in range(1, 6)], [losses[s] for s in range(16, 21)]
     assert sum(last) / 5 < sum(first) / 5 - 1.0, losses
     rows = list(csv.DictReader((full / "csv/version_0/metrics.csv").open()))
     for key in ("train/token_accuracy", "train/tokens", "train/tokens_per_sec", "train/ppl", "train/entropy",
@@ -128,15 +128,15 @@ def test_tiny_sft_end_to_end_resume_and_export(tmp_path):
     assert "Learning rate" not in panels  # constant lr: no panel (listed under the figure)
 
     # 2. stopped at step 12 (between two every-5-steps saves: last.ckpt still holds step 12, mid-epoch), resumed
-    #    with --ckpt_path last: exactly steps 12..19 are added, with the uninterrupted run's losses
+    #    with --ckpt_path last: exactly steps 13..20 are added, with the uninterrupted run's losses
     run_cli(tmp_path, "fit", "--config", config, "--trainer.default_root_dir", "resumed", "--trainer.max_steps", "12")
     first_part = train_losses(tmp_path / "resumed")
-    assert sorted(first_part) == list(range(12))
+    assert sorted(first_part) == list(range(1, 13))
     run_cli(tmp_path, "fit", "--config", config, "--trainer.default_root_dir", "resumed", "--ckpt_path", "last")
     second = train_losses(tmp_path / "resumed")
     added = sorted(set(second) - set(first_part))
-    assert added == list(range(12, 20))
-    for s in range(20):
+    assert added == list(range(13, 21))
+    for s in range(1, 21):
         assert second[s] == pytest.approx(losses[s], rel=1e-5, abs=1e-5), s
 
     # 3. export -> HF folder with identical logits
@@ -178,8 +178,8 @@ def test_ddp_two_cpu_ranks_match_one_process(tmp_path):
             "--trainer.strategy", "ddp", "--data.batch_size", "4", "--data.micro_batch_size", "2")
     run_cli(tmp_path, *common, "--trainer.default_root_dir", "single")
     ddp, single = train_losses(tmp_path / "ddp"), train_losses(tmp_path / "single")
-    assert sorted(ddp) == sorted(single) == [0, 1, 2, 3]
-    for s in range(4):
+    assert sorted(ddp) == sorted(single) == [1, 2, 3, 4]
+    for s in range(1, 5):
         assert ddp[s] == pytest.approx(single[s], rel=1e-5, abs=1e-5), s
 
 
