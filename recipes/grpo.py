@@ -74,7 +74,7 @@ def build(argv: Sequence[str] | None = None) -> tuple[GRPOModule, GRPODataModule
         args.model, reward_funcs=REWARDS, reward_weights=[1.0, 0.25, 0.5], num_generations=args.num_generations,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, loss_type=args.loss_type,
         epsilon=0.2, epsilon_high=0.28, beta=args.beta, scale_rewards="batch", mask_truncated_completions=False,
-        num_iterations=1, micro_batch_size=64, share_prompts=True, rollout_mode=args.rollout_mode,
+        num_iterations=1, micro_batch_size=16, share_prompts=True, rollout_mode=args.rollout_mode,
         batching=True, rollout_workers=None, rollout_seed=args.seed,
         eval_reward_funcs=REWARDS[:2], eval_max_new_tokens=args.max_new_tokens, eval_samples=8,
         log_samples_every=5, grad_clip=1.0, optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=0.0),
