@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 from tensordict import TensorDict
+from test_loss_parity import ROWS as CHAT_ROWS  # pytest puts this folder on sys.path
 
 from lit_llm.data.datasets import collate, read_examples, tokenize_example
 from lit_llm.data.packing import collate_packed, unpack_rows
@@ -21,13 +22,7 @@ from lit_llm.policy.logprobs import token_hidden_states
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROWS = [
-    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there!"},
-                  {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4, of course."}]},
-    {"messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue"}]},
-    {"messages": [{"role": "user", "content": "Count to five."},
-                  {"role": "assistant", "content": "one two three four five"}]},
-    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sea?"},
-                  {"role": "assistant", "content": "Wide and blue."}]},
+    *CHAT_ROWS,  # multi-turn, single-turn, system-prompt chats (tests/lightning/test_loss_parity.py)
     {"messages": [{"role": "user", "content": "Describe the sea."},
                   {"role": "assistant", "content": "The sea is wide, deep, salty and blue, with waves and tides."}]},
     {"messages": [{"role": "user", "content": "Say yes."}, {"role": "assistant", "content": "yes indeed"}]},
