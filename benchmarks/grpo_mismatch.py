@@ -23,16 +23,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from functools import partial
 
-import torch
 from _memory import machine_line
-from lightning.pytorch import Callback, Trainer, seed_everything
+from grpo_step import fit_steps  # the same GRPO fit as the step benchmark
+from lightning.pytorch import seed_everything
 
-from lit_llm.lightning.grpo import GRPOModule
-from lit_llm.lightning.grpo_data import GRPODataModule
-
-REWARDS = ["lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward"]
 KEYS = ("train/mismatch/kl", "train/mismatch/ratio_min", "train/mismatch/ratio_max",
         "train/first_iteration/ratio_min", "train/first_iteration/ratio_max", "train/first_iteration/clip_ratio",
         "train/rollout_correction/corrected_fraction", "time/step", "time/training", "time/recompute")
@@ -40,29 +35,12 @@ RUNS = {"rollout": {"old_log_probs": "rollout"},
         "recompute+token_truncate": {"old_log_probs": "recompute", "rollout_correction": "token_truncate"}}
 
 
-class _Metrics(Callback):
-    def __init__(self) -> None:
-        self.rows: list[dict[str, float]] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        m = trainer.callback_metrics
-        self.rows.append({k: float(m[k]) for k in KEYS if k in m})
-
-
 def run(model: str, precision: str, steps: int, prompts: int, generations: int, max_new_tokens: int,
         **options) -> dict[str, float]:
     """Median of each metric over the run's steps."""
     seed_everything(0, verbose=False)
-    module = GRPOModule(model, reward_funcs=REWARDS, num_generations=generations, max_new_tokens=max_new_tokens,
-                        temperature=1.0, micro_batch_size=prompts * generations, log_samples_every=0,
-                        optimizer=partial(torch.optim.AdamW, lr=1e-6), **options)
-    data = GRPODataModule("arithmetic", batch_size=prompts, num_train=prompts * steps, num_eval=0)
-    metrics = _Metrics()
-    trainer = Trainer(max_steps=steps, precision=precision, accelerator="auto", devices=1, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      num_sanity_val_steps=0, limit_val_batches=0, callbacks=[metrics])
-    trainer.fit(module, data)
-    return {k: statistics.median(r[k] for r in metrics.rows) for k in metrics.rows[0]}
+    rows = fit_steps(model, precision, steps, prompts, generations, max_new_tokens, keys=KEYS, **options)
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
 def main() -> None:

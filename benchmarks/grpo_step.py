@@ -45,29 +45,42 @@ from lit_llm.lightning.grpo_data import GRPODataModule
 REWARDS = ["lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward"]
 
 
-class _Times(Callback):
-    def __init__(self) -> None:
+TIME_KEYS = ("time/step", "time/generation", "time/training", "train/tokens_per_sec")
+
+
+class StepMetrics(Callback):
+    """Keeps ``keys`` of the logged metrics after every training batch (those present)."""
+
+    def __init__(self, keys: tuple[str, ...] = TIME_KEYS) -> None:
+        self.keys = keys
         self.rows: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         m = trainer.callback_metrics
-        self.rows.append({k: float(m[k]) for k in ("time/step", "time/generation", "time/training",
-                                                   "train/tokens_per_sec") if k in m})
+        self.rows.append({k: float(m[k]) for k in self.keys if k in m})
+
+
+def fit_steps(model: str, precision: str, steps: int, prompts: int, generations: int, max_new_tokens: int,
+              keys: tuple[str, ...] = TIME_KEYS, **options) -> list[dict[str, float]]:
+    """Fit ``steps`` GRPO steps on the arithmetic prompts (``GRPOModule(**options)``) and return ``keys`` of every
+    step's logged metrics."""
+    module = GRPOModule(model, reward_funcs=REWARDS, num_generations=generations, max_new_tokens=max_new_tokens,
+                        temperature=1.0, micro_batch_size=prompts * generations, log_samples_every=0,
+                        optimizer=partial(torch.optim.AdamW, lr=1e-6), **options)
+    data = GRPODataModule("arithmetic", batch_size=prompts, num_train=prompts * steps, num_eval=0)
+    metrics = StepMetrics(keys)
+    trainer = Trainer(max_steps=steps, precision=precision, accelerator="auto", devices=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      num_sanity_val_steps=0, limit_val_batches=0, callbacks=[metrics])
+    trainer.fit(module, data)
+    return metrics.rows
 
 
 def run_ours(model: str, precision: str, steps: int, warmup: int, prompts: int, generations: int,
              max_new_tokens: int) -> dict[str, float]:
     """Median step / generation / training seconds of ``steps - warmup`` GRPO steps."""
-    module = GRPOModule(model, reward_funcs=REWARDS, num_generations=generations, max_new_tokens=max_new_tokens,
-                        temperature=1.0, micro_batch_size=prompts * generations, log_samples_every=0,
-                        optimizer=partial(torch.optim.AdamW, lr=1e-6))
-    data = GRPODataModule("arithmetic", batch_size=prompts, num_train=prompts * steps, num_eval=0)
-    times = _Times()
-    trainer = Trainer(max_steps=steps, precision=precision, accelerator="auto", devices=1, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      num_sanity_val_steps=0, limit_val_batches=0, callbacks=[times])
-    trainer.fit(module, data)
-    rows = times.rows[warmup:] or times.rows
+    all_rows = fit_steps(model, precision, steps, prompts, generations, max_new_tokens)
+    rows = all_rows[warmup:] or all_rows
     out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     return out

@@ -36,7 +36,8 @@ from lit_llm.data.datasets import (
 from lit_llm.data.packing import collate_packed
 from lit_llm.objectives.sft import loss_mask
 
-__all__ = ["SFTDataModule", "StepBatchLoader", "deprecated_alias", "module_attr", "resolve_tokenizer"]
+__all__ = ["SFTDataModule", "StepBatchLoader", "deprecated_alias", "module_attr", "resolve_tokenizer",
+           "template_options"]
 
 Head = Literal["sft", "rlhf", "generic"]
 
@@ -55,6 +56,14 @@ def module_attr(datamodule: LightningDataModule, name: str) -> Any:
     trainer = getattr(datamodule, "trainer", None)
     module = getattr(trainer, "lightning_module", None) if trainer is not None else None
     return getattr(module, name, None)
+
+
+def template_options(datamodule: Any) -> tuple[Any, dict[str, Any]]:
+    """``(chat_template, chat_template_kwargs)`` a data module renders with: its own ``chat_template`` when set, else
+    the attached module's; always the module's ``chat_template_kwargs`` (``{}`` without one)."""
+    own = getattr(datamodule, "chat_template", None)
+    template = own if own is not None else module_attr(datamodule, "chat_template")
+    return template, module_attr(datamodule, "chat_template_kwargs") or {}
 
 
 def deprecated_alias(owner: str, new: str, new_value: Any, new_default: Any, old: str, old_value: Any) -> Any:
@@ -335,8 +344,7 @@ class SFTDataModule(LightningDataModule):
 
     def _tokenize(self, examples: list[Example], skipped: _Skipped, split: str) -> list[TokenizedExample]:
         out, head = [], self._head()
-        template = self.chat_template if self.chat_template is not None else module_attr(self, "chat_template")
-        template_kwargs = module_attr(self, "chat_template_kwargs") or {}
+        template, template_kwargs = template_options(self)
         for ex in examples:
             try:
                 s = tokenize_example(ex, self.tokenizer, chat_template=template, max_length=self.max_length,

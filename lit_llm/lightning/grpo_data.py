@@ -36,12 +36,12 @@ from lit_llm.data.arithmetic import DEFAULT_TEMPLATE, arithmetic_prompts, arithm
 from lit_llm.data.datasets import DataFormatError, _messages, with_system_prompt
 from lit_llm.data.prompts import tokenize_prompts
 from lit_llm.data.sources import read_rows
-from lit_llm.lightning.datamodules import module_attr
+from lit_llm.lightning.datamodules import module_attr, template_options
+from lit_llm.rollouts.engine import RESERVED_KEYS
 
 __all__ = ["GRPODataModule", "PromptBatchLoader", "collate_prompts", "gsm8k_prompts", "prompt_rows"]
 
 #: Prompt-batch keys that are not dataset columns (the rollout engine's own; a dataset may not use them).
-RESERVED_COLUMNS = ("prompt_ids", "sample_id")
 #: GSM8K as a prompt dataset: the question is the prompt; ``answer`` (with its ``#### n`` line) a reward column.
 GSM8K_COLUMNS = {"question": "prompt"}
 
@@ -85,7 +85,7 @@ def prompt_rows(source: str, *, rename_columns: Mapping[str, str] | None = None,
     if "prompt" not in first:
         raise DataFormatError(f"{where0}: no 'prompt' column (columns: {sorted(raw[0][1])}). Fix: name the prompt "
                               f"column 'prompt', or map it with --data.rename_columns '{{\"<column>\": \"prompt\"}}'.")
-    clash = [c for c in first if c in RESERVED_COLUMNS]
+    clash = [c for c in first if c in RESERVED_KEYS - {"prompt"}]
     if clash:
         raise DataFormatError(f"{where0}: column(s) {clash} are the prompt batch's own keys. Fix: rename them with "
                               f"--data.rename_columns.")
@@ -353,7 +353,7 @@ class GRPODataModule(LightningDataModule):
                 out = set(order[:k])
                 held = [r for i, r in enumerate(train) if i in out]
                 train = [r for i, r in enumerate(train) if i not in out]
-        self.columns = [k for k in train[0] if k not in ("prompt", *RESERVED_COLUMNS)]
+        self.columns = [k for k in train[0] if k not in RESERVED_KEYS]
         missing = [c for c in self.columns if held and c not in held[0]]
         if missing:
             raise DataFormatError(f"{held[0]['sample_id']}: the evaluation prompts lack the training column(s) "
@@ -371,8 +371,7 @@ class GRPODataModule(LightningDataModule):
     def _render(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not rows:
             return []
-        template = self.chat_template if self.chat_template is not None else module_attr(self, "chat_template")
-        kwargs = module_attr(self, "chat_template_kwargs") or {}
+        template, kwargs = template_options(self)
         out = []
         for r in rows:
             try:

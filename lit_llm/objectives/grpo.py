@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -36,8 +36,8 @@ LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo"]
 ScaleRewards = Literal["group", "batch", "none"]
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_plus_plus"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+LOSS_TYPES = get_args(LossType)
+ADVANTAGE_ESTIMATORS = get_args(AdvantageEstimator)
 
 
 def compute_advantages(

@@ -416,14 +416,20 @@ class _StopStrings:
         self.window = 4 * max(len(s) for s in stops) + 1
         self.ids: list[list[int]] = [[] for _ in range(batch)]
 
-    def hit(self, nxt: list[int], active: list[bool]) -> list[bool]:
+    def hit(self, nxt: list[int], alive: list[bool], *, can_stop: bool = True) -> list[bool]:
+        """Per row: did ``nxt`` complete a stop string? Rows not ``alive`` (finished) are skipped and keep no ids;
+        before ``can_stop`` (``min_new_tokens``) ids are kept but nothing stops."""
         out = []
-        for b, (tok, on) in enumerate(zip(nxt, active)):
-            self.ids[b].append(tok)
-            if not on:
+        for b, (tok, on) in enumerate(zip(nxt, alive)):
+            if not on:  # a finished row never comes back: its ids are never read again
                 out.append(False)
                 continue
-            tail = self.ids[b][-self.window:]
+            tail = self.ids[b]
+            tail.append(tok)
+            del tail[:-self.window]  # only the last ``window`` ids are ever decoded
+            if not can_stop:
+                out.append(False)
+                continue
             cur = self.tokenizer.decode(tail, skip_special_tokens=False)
             if not any(s in cur for s in self.stops):
                 out.append(False)
@@ -617,7 +623,7 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
         stop = torch.isin(nxt, eos) & ~done
         if stop_strings is not None:
             can_stop = step + 1 >= config.min_new_tokens
-            hits = stop_strings.hit(nxt.tolist(), [can_stop and not d for d in done.tolist()])
+            hits = stop_strings.hit(nxt.tolist(), [not d for d in done.tolist()], can_stop=can_stop)
             stop = stop | torch.tensor(hits, dtype=torch.bool, device=device)
         end_len = torch.where(stop, torch.full_like(end_len, step + 1), end_len)
         ended = ended | stop

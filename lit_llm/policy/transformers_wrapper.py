@@ -216,7 +216,6 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             raise ValueError("pad_model_input=False (a packed forward pass) is not supported: rows are left-padded "
                              "with position ids from the attention mask, which gives the same log-probs as packing. "
                              "Leave pad_model_input None (or True).")
-        self.pad_model_input = True
         self._init_common(
             model=model, tokenizer=tokenizer, input_mode=input_mode, input_key=input_key, generate=generate,
             pad_output=pad_output, inplace=inplace, num_samples=num_samples, return_log_probs=return_log_probs,
