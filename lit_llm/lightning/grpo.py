@@ -59,7 +59,7 @@ from lit_llm.lightning.tables import append_csv, log_table
 from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL, DType
 from lit_llm.objectives.correction import RolloutCorrection
-from lit_llm.objectives.grpo import LOSS_TYPES, GRPOObjective, compute_advantages
+from lit_llm.objectives.grpo import LOSS_TYPES, GRPOObjective, check_advantage_settings
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
 from lit_llm.rollouts import RolloutBatch, RolloutEngine
@@ -220,8 +220,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                            f"cispo).")
         check_old_log_probs(old_log_probs, rollout_correction, rollout_mode)
         try:  # the estimator's own checks (e.g. reinforce_plus_plus with scale_rewards: group), before any rollout
-            compute_advantages(torch.zeros(num_generations), num_generations, scale_rewards=scale_rewards,
-                               advantage_estimator=advantage_estimator)
+            check_advantage_settings(num_generations, scale_rewards, advantage_estimator)
         except ValueError as e:
             raise ValueError(f"GRPOModule: {e}") from e
         if rollout_mode not in ("sync", "async"):

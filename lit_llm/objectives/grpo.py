@@ -29,7 +29,8 @@ from lit_llm.objectives.correction import (
 )
 from lit_llm.objectives.reduction import as_bool_mask, check_per_token, k3_kl, resolve_normalizer
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "LOSS_TYPES", "GRPOObjective", "compute_advantages", "effective_completion_mask",
+__all__ = ["ADVANTAGE_ESTIMATORS", "LOSS_TYPES", "GRPOObjective", "check_advantage_settings", "compute_advantages",
+           "effective_completion_mask",
            "grpo_loss"]
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo"]
@@ -38,6 +39,26 @@ AdvantageEstimator = Literal["grpo", "rloo", "reinforce_plus_plus"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 LOSS_TYPES = get_args(LossType)
 ADVANTAGE_ESTIMATORS = get_args(AdvantageEstimator)
+
+
+def check_advantage_settings(num_generations: int, scale_rewards: str, advantage_estimator: str) -> None:
+    """The settings checks of :func:`compute_advantages` (callable before any reward exists).
+
+    Raises:
+        ValueError: ``num_generations`` not an int >= 2; unknown ``scale_rewards`` / ``advantage_estimator``;
+            ``reinforce_plus_plus`` with ``scale_rewards="group"``.
+    """
+    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
+        raise ValueError(f"num_generations must be an int >= 2 (a group needs 2 completions to have a std), got "
+                         f"{num_generations!r}; set num_generations to 2 or more.")
+    if scale_rewards not in ("group", "batch", "none"):
+        raise ValueError(f"Unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or 'none'.")
+    if advantage_estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"Unknown advantage_estimator {advantage_estimator!r}; choose 'grpo', 'rloo' or "
+                         f"'reinforce_plus_plus'.")
+    if advantage_estimator == "reinforce_plus_plus" and scale_rewards == "group":
+        raise ValueError("advantage_estimator='reinforce_plus_plus' normalises over the batch (its definition); set "
+                         "scale_rewards to 'batch' (REINFORCE++) or 'none' (group baseline only).")
 
 
 def compute_advantages(
@@ -85,23 +106,13 @@ def compute_advantages(
             holding NaN/inf; unknown ``scale_rewards`` or ``advantage_estimator``; ``reinforce_plus_plus`` with
             ``scale_rewards="group"``; negative ``eps``.
     """
-    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
-        raise ValueError(f"num_generations must be an int >= 2 (a group needs 2 completions to have a std), got "
-                         f"{num_generations!r}; set num_generations to 2 or more.")
+    check_advantage_settings(num_generations, scale_rewards, advantage_estimator)
     if not isinstance(rewards, Tensor) or rewards.ndim != 1:
         shape = tuple(rewards.shape) if isinstance(rewards, Tensor) else type(rewards).__name__
         raise ValueError(f"rewards must be a 1-D tensor [N], got {shape}.")
     if rewards.numel() == 0 or rewards.numel() % num_generations:
         raise ValueError(f"rewards has {rewards.numel()} entries, not a positive multiple of num_generations="
                          f"{num_generations}; the batch must hold num_generations completions per prompt.")
-    if scale_rewards not in ("group", "batch", "none"):
-        raise ValueError(f"Unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or 'none'.")
-    if advantage_estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"Unknown advantage_estimator {advantage_estimator!r}; choose 'grpo', 'rloo' or "
-                         f"'reinforce_plus_plus'.")
-    if advantage_estimator == "reinforce_plus_plus" and scale_rewards == "group":
-        raise ValueError("advantage_estimator='reinforce_plus_plus' normalises over the batch (its definition); set "
-                         "scale_rewards to 'batch' (REINFORCE++) or 'none' (group baseline only).")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps!r}.")
     r = rewards.detach().float()
