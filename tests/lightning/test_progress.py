@@ -91,3 +91,16 @@ def test_cli_adds_the_bar_unless_disabled(tmp_path):
     assert any(isinstance(c, StepProgressBar) for c in cli.trainer.callbacks)
     cli = main([*base, "--trainer.enable_progress_bar", "false"])
     assert not any(isinstance(c, StepProgressBar) for c in cli.trainer.callbacks)
+
+
+def test_shipped_tiny_config_prints_a_line_per_step_and_evaluation(tmp_path, capsys):
+    """configs/sft_tiny.yaml as shipped (enable_progress_bar: true): off a terminal, the CLI's bar prints one line per
+    optimizer step and one per evaluation."""
+    from lit_llm.lightning.cli import main
+
+    main(["fit", "--config", str(ROOT / "configs/sft_tiny.yaml"), "--trainer.max_steps", "4",
+          "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split("]")[0] for ln in lines if ln.startswith("[step") and "evaluation" not in ln] == \
+        ["[step 1/4", "[step 2/4", "[step 3/4", "[step 4/4"]
+    assert [ln.split("]")[0] for ln in lines if "] evaluation:" in ln] == ["[step 2/4", "[step 4/4"]
