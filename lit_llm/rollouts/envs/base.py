@@ -1,0 +1,243 @@
+"""The environment interface of multi-turn episodes (TorchRL ``ChatEnv``-like names: ``reset`` / ``step``), and
+:func:`resolve_environment`, which turns a config entry (a class, an import path, a LightningCLI-style dict or a
+built-in name) into a factory of fresh environments.
+
+One :class:`Environment` instance serves ONE episode: the episode engine builds a fresh one per episode from the
+factory, calls :meth:`Environment.reset` with the dataset row, then alternates model turns and
+:meth:`Environment.step` until a step is ``done`` (or the engine's own limits stop the episode), then
+:meth:`Environment.close`. Instances are used from one worker thread and may hold per-episode state.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lit_llm.rollouts.envs.tools import Tool
+
+__all__ = ["EnvStep", "Environment", "EnvironmentSpecError", "builtin_environments", "prompt_messages",
+           "resolve_environment"]
+
+
+class EnvironmentSpecError(ValueError):
+    """An environment spec (class, import path, dict, built-in name) that does not resolve to an environment class."""
+
+
+@dataclass
+class EnvStep:
+    """What an environment returns for one model turn.
+
+    Attributes:
+        messages: new messages to append: tool results ``{"role": "tool", "name": ..., "content": ...}`` or user
+            feedback ``{"role": "user", "content": ...}``; ``[]`` when ``done``.
+        reward: this step's reward (the episode's reward is the SUM over its steps).
+        done: the episode is over.
+        info: statistics the episode engine aggregates, all optional: ``"tool_calls"`` (int), ``"tool_errors"``
+            (int), ``"tool_time"`` (seconds, float), ``"reason"`` (str: why the episode ended, e.g. ``"answer"``,
+            ``"tool_error"``, ``"parse_error"``, ``"tool_timeout"``, ``"max_turns"``); environments may add more.
+    """
+
+    messages: list[dict[str, Any]]
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def prompt_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The initial messages of a dataset row: its ``"prompt"`` as a message list (copied), a string prompt as one
+    user message.
+
+    Raises:
+        ValueError: ``row`` has no ``"prompt"``, or it is neither a str nor a list of message dicts.
+    """
+    if not isinstance(row, Mapping) or "prompt" not in row:
+        keys = sorted(row) if isinstance(row, Mapping) else type(row).__name__
+        raise ValueError(f"Environment.reset: the dataset row needs a 'prompt' column (a str or a list of messages), "
+                         f"got {keys}.")
+    prompt = row["prompt"]
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list | tuple) and prompt and all(isinstance(m, Mapping) for m in prompt):
+        return [dict(m) for m in prompt]
+    raise ValueError(f"Environment.reset: the row's 'prompt' must be a str or a non-empty list of message dicts, got "
+                     f"{prompt!r:.120}.")
+
+
+def _last_assistant(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The content of the last message, which must be the model's assistant turn (else a ValueError)."""
+    last = messages[-1] if messages else None
+    if not isinstance(last, Mapping) or last.get("role") != "assistant":
+        got = last.get("role") if isinstance(last, Mapping) else last
+        raise ValueError(f"Environment.step: the conversation must end with the model's assistant message, got "
+                         f"{got!r:.80} last.")
+    content = last.get("content")
+    if not isinstance(content, str):
+        raise ValueError(f"Environment.step: the last assistant message's content must be a str (the decoded turn), "
+                         f"got {type(content).__name__}.")
+    return content
+
+
+class Environment:
+    """A multi-turn environment: one instance per EPISODE (the engine builds a fresh one from a factory for each
+    episode; instances may hold per-episode state and are used from one worker thread).
+
+    Subclasses implement :meth:`step` (and :meth:`reset` when the initial messages are not the row's prompt).
+
+    Attributes:
+        tools: tools offered to the model (:class:`~lit_llm.rollouts.envs.tools.Tool`; may be empty). Passed to the
+            chat template's ``tools=`` (their schemas) or described in a system message.
+        required_columns: dataset columns :meth:`reset` / the environment needs (checked at setup with a clear
+            error).
+    """
+
+    tools: list[Tool] = []  # a read-only default: subclasses assign their own list
+    required_columns: tuple[str, ...] = ()
+
+    def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The initial messages of the episode of dataset row ``row`` (a dict with ``"prompt"`` and the dataset's
+        other columns), e.g. ``[{"role": "user", "content": ...}]``, optionally a system message first.
+
+        Default: the row's prompt (:func:`prompt_messages`).
+        """
+        return prompt_messages(row)
+
+    def step(self, messages: list[dict[str, Any]]) -> EnvStep:
+        """React to the conversation so far; its last message is the model's latest assistant turn
+        (``{"role": "assistant", "content": <decoded text of the sampled ids, skip_special_tokens=True>}``).
+
+        Must not raise for anything the model wrote (bad markup, wrong answers): turn it into messages / rewards.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement step(messages) -> EnvStep.")
+
+    def close(self) -> None:
+        """Release per-episode resources (default: nothing)."""
+
+
+def builtin_environments() -> dict[str, type[Environment]]:
+    """The shipped environments by name (what a bare name in a config may be)."""
+    from lit_llm.rollouts.envs.calculator import CalculatorEnv
+    from lit_llm.rollouts.envs.guess_number import GuessNumberEnv
+
+    return {"calculator": CalculatorEnv, "guess_number": GuessNumberEnv}
+
+
+_DICT_HINT = "{'class_path': 'pkg.module:MyEnv', 'init_args': {...}}"
+
+
+def _is_env_class(obj: Any) -> bool:
+    return inspect.isclass(obj) and (issubclass(obj, Environment) or (callable(getattr(obj, "reset", None))
+                                                                      and callable(getattr(obj, "step", None))))
+
+
+def _load(path: str, spec: Any) -> Any:
+    """A built-in name or an import path -> the object (the loader shared with reward functions)."""
+    from lit_llm.rewards import RewardError, resolve_reward
+
+    builtins = builtin_environments()
+    text = path.strip()
+    if text in builtins:
+        return builtins[text]
+    if not any(c in text for c in (":", ".", "/", os.sep)):
+        close = difflib.get_close_matches(text, list(builtins), n=1, cutoff=0.6)
+        raise EnvironmentSpecError(
+            f"Unknown environment {spec!r}: not a built-in" + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f". Built-in environments: {sorted(builtins)}. For your own give 'package.module:MyEnv' (importable, "
+            f"or a module in the current directory {os.getcwd()}), 'path/to/file.py:MyEnv', or "
+            f"{_DICT_HINT}.")
+    try:
+        return resolve_reward(text)  # resolves any 'module:attr' / 'module.attr' / 'file.py:attr' import path
+    except (RewardError, TypeError) as e:
+        message = (str(e).replace(" (a reward_funcs / eval_reward_funcs entry)", "")
+                   .replace("Reward function", "Import path").replace("reward function", "import path"))
+        raise EnvironmentSpecError(f"Environment {spec!r} could not be loaded: {message} (An environment spec is "
+                                   f"'package.module:MyEnv', 'path/to/file.py:MyEnv', {_DICT_HINT}, or a built-in "
+                                   f"name: {sorted(builtins)}.)") from e
+
+
+def _checked_factory(factory: Callable[..., Any], spec: Any) -> Callable[[], Environment]:
+    """``factory`` wrapped so each instance it returns is checked to be an environment."""
+
+    @functools.wraps(factory)
+    def make() -> Environment:
+        env = factory()
+        if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
+            raise TypeError(f"Environment factory {spec!r} returned {type(env).__name__}, not an environment (an "
+                            f"object with reset(row) and step(messages)); return a fresh Environment instance.")
+        return env
+
+    return make
+
+
+def resolve_environment(spec: Any) -> Callable[[], Environment]:
+    """A factory of fresh environments (one per episode) from a config entry.
+
+    Args:
+        spec: one of
+
+            * an :class:`Environment` subclass (or any class with ``reset`` and ``step``);
+            * a zero-argument factory function returning a fresh environment (checked on each call);
+            * a built-in name: ``"calculator"`` (:class:`~lit_llm.rollouts.envs.CalculatorEnv`),
+              ``"guess_number"`` (:class:`~lit_llm.rollouts.envs.GuessNumberEnv`);
+            * an import path ``"package.module:MyEnv"`` / ``"package.module.MyEnv"`` (imported as is, else from the
+              current directory, as :func:`lit_llm.rewards.resolve_reward` does) or ``"path/to/file.py:MyEnv"``
+              (relative to the current directory, or absolute);
+            * a LightningCLI-style dict ``{"class_path": <any of the above strings>, "init_args": {...}}``: the
+              factory calls ``MyEnv(**init_args)``; the arguments are checked against the signature now.
+
+    Returns:
+        A callable taking no arguments that returns a fresh environment (the class itself, or a
+        ``functools.partial`` of it with the ``init_args``).
+
+    Raises:
+        EnvironmentSpecError: (a ``ValueError``) an unknown built-in name (listing them), an import path that does
+            not resolve, a dict with other keys than ``class_path`` / ``init_args`` or with ``init_args`` the class
+            does not take, a path naming something that is not an environment class; each names the spec and the
+            fix.
+        TypeError: an environment *instance* (one is needed per episode: give its class), or a spec of another type.
+    """
+    if isinstance(spec, Mapping):
+        unknown = sorted(set(spec) - {"class_path", "init_args"})
+        if "class_path" not in spec or unknown:
+            raise EnvironmentSpecError(f"Environment spec {dict(spec)!r}: a dict needs 'class_path' and optionally "
+                                       f"'init_args' (got unknown keys {unknown}); e.g. {_DICT_HINT}.")
+        init_args = spec.get("init_args") or {}
+        if not isinstance(init_args, Mapping) or not all(isinstance(k, str) for k in init_args):
+            raise EnvironmentSpecError(f"Environment spec {dict(spec)!r}: 'init_args' must be a mapping of keyword "
+                                       f"arguments, got {init_args!r}.")
+        target = spec["class_path"]
+        cls = _load(target, spec) if isinstance(target, str) else target
+        if not _is_env_class(cls):
+            raise EnvironmentSpecError(f"Environment spec {dict(spec)!r}: 'class_path' must name an Environment class "
+                                       f"(with reset(row) and step(messages)), got {cls!r:.100}.")
+        try:
+            inspect.signature(cls).bind(**init_args)
+        except TypeError as e:
+            params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+            raise EnvironmentSpecError(f"Environment spec {dict(spec)!r}: {cls.__name__} does not take these "
+                                       f"init_args ({e}); its parameters are {params}.") from e
+        return functools.partial(cls, **init_args) if init_args else cls
+    if isinstance(spec, str):
+        obj = _load(spec, spec)
+        if _is_env_class(obj):
+            return obj
+        if inspect.isfunction(obj):
+            return _checked_factory(obj, spec)
+        raise EnvironmentSpecError(f"Environment {spec!r} resolved to {obj!r:.100}, not an Environment class (with "
+                                   f"reset(row) and step(messages)) nor a factory function. Point it at the class.")
+    if _is_env_class(spec):
+        return spec
+    if callable(getattr(spec, "reset", None)) and callable(getattr(spec, "step", None)):
+        raise TypeError(f"resolve_environment got an environment instance ({type(spec).__name__}); each episode needs "
+                        f"a fresh one: give the class {type(spec).__name__} (or a factory function, or "
+                        f"{_DICT_HINT}).")
+    if callable(spec):
+        return _checked_factory(spec, spec)
+    raise TypeError(f"An environment spec must be an Environment class, a factory function, a built-in name "
+                    f"{sorted(builtin_environments())}, an import path 'package.module:MyEnv' / "
+                    f"'path/to/file.py:MyEnv', or {_DICT_HINT}; got {type(spec).__name__} {spec!r:.80}.")
