@@ -136,8 +136,9 @@ def _is_env_class(obj: Any) -> bool:
 
 
 def _load(path: str, spec: Any) -> Any:
-    """A built-in name or an import path -> the object (the loader shared with reward functions)."""
-    from lit_llm.rewards import RewardError, resolve_reward
+    """A built-in name or an import path -> the object (``lit_llm.rewards``' loader: a module importable as is or
+    from the current directory, or a ``.py`` file)."""
+    from lit_llm.rewards import RewardError, _import_module, _load_file
 
     builtins = builtin_environments()
     text = path.strip()
@@ -150,14 +151,29 @@ def _load(path: str, spec: Any) -> Any:
             + f". Built-in environments: {sorted(builtins)}. For your own give 'package.module:MyEnv' (importable, "
             f"or a module in the current directory {os.getcwd()}), 'path/to/file.py:MyEnv', or "
             f"{_DICT_HINT}.")
-    try:
-        return resolve_reward(text)  # resolves any 'module:attr' / 'module.attr' / 'file.py:attr' import path
-    except (RewardError, TypeError) as e:
+    target, sep, attr = text.rpartition(":")
+    if not sep:
+        if text.endswith(".py"):
+            raise EnvironmentSpecError(f"Environment {spec!r} names a file but no class; give '{text}:MyEnv'.")
+        target, _, attr = text.rpartition(".")
+    if not target or not attr:
+        raise EnvironmentSpecError(f"Environment {spec!r} must look like 'package.module:MyEnv' or "
+                                   f"'path/to/file.py:MyEnv' (or a built-in name: {sorted(builtins)}).")
+    is_file = target.endswith(".py") or "/" in target or os.sep in target
+    try:  # the loader of reward functions: importable modules, modules of the cwd, files
+        module = _load_file(target, spec) if is_file else _import_module(target, spec)
+    except RewardError as e:
         message = (str(e).replace(" (a reward_funcs / eval_reward_funcs entry)", "")
                    .replace("Reward function", "Import path").replace("reward function", "import path"))
         raise EnvironmentSpecError(f"Environment {spec!r} could not be loaded: {message} (An environment spec is "
                                    f"'package.module:MyEnv', 'path/to/file.py:MyEnv', {_DICT_HINT}, or a built-in "
                                    f"name: {sorted(builtins)}.)") from e
+    if not hasattr(module, attr):
+        where = f"file {target!r}" if is_file else f"module {target!r}"
+        classes = sorted(n for n, v in vars(module).items() if not n.startswith("_") and _is_env_class(v))
+        raise EnvironmentSpecError(f"Environment {spec!r}: {where} has no attribute {attr!r}; its environment "
+                                   f"classes are {classes}. Check the name.")
+    return getattr(module, attr)
 
 
 def _checked_factory(factory: Callable[..., Any], spec: Any) -> Callable[[], Environment]:

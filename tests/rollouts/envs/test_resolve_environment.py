@@ -1,0 +1,136 @@
+"""resolve_environment: every spec form (class, factory, built-in name, import paths incl. file.py:Class relative to
+the cwd, LightningCLI dict) gives a factory of fresh environments; each bad spec a clear error."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+
+import pytest
+
+from lit_llm.rollouts.envs import (
+    CalculatorEnv,
+    Environment,
+    EnvironmentSpecError,
+    EnvStep,
+    GuessNumberEnv,
+    builtin_environments,
+    resolve_environment,
+)
+
+ENV_FILE = '''
+from lit_llm.rollouts.envs import Environment, EnvStep
+
+
+class EchoEnv(Environment):
+    def __init__(self, reward: float = 1.0):
+        self.reward = reward
+
+    def step(self, messages):
+        return EnvStep([], reward=self.reward, done=True)
+
+
+def make_echo():
+    return EchoEnv(0.5)
+
+
+NOT_AN_ENV = 3
+'''
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """A fresh module name written in a temporary working directory."""
+    name = f"user_envs_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(ENV_FILE)
+    monkeypatch.chdir(tmp_path)
+    return name
+
+
+def fresh(factory):
+    a, b = factory(), factory()
+    assert a is not b  # one instance per episode
+    return a
+
+
+def test_builtin_names_and_classes():
+    assert builtin_environments() == {"calculator": CalculatorEnv, "guess_number": GuessNumberEnv}
+    assert resolve_environment("calculator") is CalculatorEnv
+    assert resolve_environment(" guess_number ") is GuessNumberEnv
+    assert resolve_environment(GuessNumberEnv) is GuessNumberEnv
+    assert isinstance(fresh(resolve_environment("calculator")), CalculatorEnv)
+
+
+def test_import_paths():
+    assert resolve_environment("lit_llm.rollouts.envs:GuessNumberEnv") is GuessNumberEnv
+    assert resolve_environment("lit_llm.rollouts.envs.calculator.CalculatorEnv") is CalculatorEnv
+
+
+def test_module_and_file_from_the_working_directory(in_tmp):
+    cls = resolve_environment(f"{in_tmp}:EchoEnv")
+    assert cls.__name__ == "EchoEnv" and issubclass(cls, Environment)
+    from_file = resolve_environment(f"{in_tmp}.py:EchoEnv")
+    assert from_file.__name__ == "EchoEnv"
+    assert fresh(from_file).step([]) == EnvStep([], 1.0, True)
+    factory = resolve_environment(f"./{in_tmp}.py:make_echo")  # a factory function
+    assert fresh(factory).reward == 0.5
+
+
+def test_dict_specs_with_init_args(in_tmp):
+    factory = resolve_environment({"class_path": f"{in_tmp}.py:EchoEnv", "init_args": {"reward": 0.25}})
+    assert isinstance(factory, functools.partial)
+    assert fresh(factory).step([]).reward == 0.25
+    guess = fresh(resolve_environment({"class_path": "guess_number", "init_args": {"max_guesses": 3}}))
+    assert (type(guess), guess.max_guesses) == (GuessNumberEnv, 3)
+    calc = fresh(resolve_environment({"class_path": CalculatorEnv, "init_args": {"on_tool_error": "end"}}))
+    assert calc.on_tool_error == "end"
+    assert resolve_environment({"class_path": "lit_llm.rollouts.envs:CalculatorEnv"}) is CalculatorEnv
+
+
+def test_factory_callables():
+    factory = resolve_environment(lambda: GuessNumberEnv(max_guesses=2))
+    assert fresh(factory).max_guesses == 2
+    with pytest.raises(TypeError, match="returned int, not an environment"):
+        resolve_environment(lambda: 3)()
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("calculater", r"Unknown environment 'calculater': not a built-in \(did you mean 'calculator'\?\)\. Built-in "
+                       r"environments: \['calculator', 'guess_number'\]"),
+        ("no_such_module_xyz:Env", r"Environment 'no_such_module_xyz:Env' could not be loaded: Import path "
+                                   r"'no_such_module_xyz:Env': no module 'no_such_module_xyz'"),
+        ("missing_dir/missing.py:Env", r"could not be loaded: .*file 'missing_dir/missing.py' .* not found"),
+        ("lit_llm.rollouts.envs:NopeEnv", r"Environment 'lit_llm.rollouts.envs:NopeEnv': module "
+                                          r"'lit_llm.rollouts.envs' has no attribute 'NopeEnv'; its environment "
+                                          r"classes are \['CalculatorEnv', 'Environment', 'GuessNumberEnv', 'ToolEnv'\]"),
+        ("envs.py", r"names a file but no class; give 'envs.py:MyEnv'"),
+        ("pkg.", r"must look like 'package.module:MyEnv'"),
+        ("collections:OrderedDict", r"resolved to <class 'collections.OrderedDict'>, not an Environment class"),
+        ({"class_path": "calculator", "args": {}}, r"a dict needs 'class_path' .* unknown keys \['args'\]"),
+        ({"init_args": {}}, r"a dict needs 'class_path'"),
+        ({"class_path": "calculator", "init_args": {"max_guesses": 3}},
+         r"CalculatorEnv does not take these init_args \(got an unexpected keyword argument 'max_guesses'\); its "
+         r"parameters are \['tool_timeout', 'on_tool_error', 'tool_error_penalty', 'max_calls_per_turn'\]"),
+        ({"class_path": "calculator", "init_args": [1]}, "'init_args' must be a mapping"),
+        ({"class_path": "collections:OrderedDict"}, "'class_path' must name an Environment class"),
+    ],
+)
+def test_bad_specs(spec, match, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(EnvironmentSpecError, match=match):
+        resolve_environment(spec)
+
+
+def test_file_attribute_that_is_not_an_environment(in_tmp):
+    with pytest.raises(EnvironmentSpecError, match=r"resolved to 3, not an Environment class"):
+        resolve_environment(f"{in_tmp}.py:NOT_AN_ENV")
+
+
+def test_instances_and_other_types_are_type_errors():
+    with pytest.raises(TypeError, match="got an environment instance \\(GuessNumberEnv\\); each episode needs a fresh "
+                                        "one: give the class GuessNumberEnv"):
+        resolve_environment(GuessNumberEnv())
+    with pytest.raises(TypeError, match="An environment spec must be an Environment class.* got int 42"):
+        resolve_environment(42)
