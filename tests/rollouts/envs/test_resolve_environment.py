@@ -104,7 +104,8 @@ def test_factory_callables():
         ("missing_dir/missing.py:Env", r"could not be loaded: .*file 'missing_dir/missing.py' .* not found"),
         ("lit_llm.rollouts.envs:NopeEnv", r"Environment 'lit_llm.rollouts.envs:NopeEnv': module "
                                           r"'lit_llm.rollouts.envs' has no attribute 'NopeEnv'; its environment "
-                                          r"classes are \['CalculatorEnv', 'Environment', 'GuessNumberEnv', 'ToolEnv'\]"),
+                                          r"classes are \['CalculatorEnv', 'Environment', 'GuessNumberEnv', "
+                                          r"'ToolEnv'\]"),
         ("envs.py", r"names a file but no class; give 'envs.py:MyEnv'"),
         ("pkg.", r"must look like 'package.module:MyEnv'"),
         ("collections:OrderedDict", r"resolved to <class 'collections.OrderedDict'>, not an Environment class"),
