@@ -208,7 +208,8 @@ class Tool:
         signature = ", ".join(f"{k}: {_type_name(v)}" for k, v in props.items())
         usage = f" {self.name} takes ({signature})."
         if not isinstance(arguments, Mapping):
-            return f"Error: the arguments of {self.name} must be a JSON object, got {json.dumps(arguments)}." + usage
+            got = json.dumps(arguments, default=str)
+            return f"Error: the arguments of {self.name} must be a JSON object, got {got}." + usage
         problems = []
         missing = [k for k in params.get("required", []) if k not in arguments]
         if missing:
@@ -265,21 +266,31 @@ class Tool:
         return ToolResult(self.name, _result_text(box.get("value")), elapsed=elapsed)
 
 
+@functools.lru_cache(maxsize=256)
+def _tool_of(fn: Callable[..., Any]) -> Tool:
+    """One :class:`Tool` per function (environments are built once per episode; a Tool is stateless)."""
+    return Tool(fn)
+
+
+def _as_tool(tool: Tool | Callable[..., Any]) -> Tool:
+    return tool if isinstance(tool, Tool) else _tool_of(tool)
+
+
 def _as_tools(tools: Sequence[Tool | Callable[..., Any]]) -> list[Tool]:
-    return [t if isinstance(t, Tool) else Tool(t) for t in tools]
+    return [_as_tool(t) for t in tools]
 
 
 def _schemas(tools: Sequence[Tool | Callable[..., Any] | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [dict(t) if isinstance(t, Mapping) else (t if isinstance(t, Tool) else Tool(t)).schema for t in tools]
+    return [dict(t) if isinstance(t, Mapping) else _as_tool(t).schema for t in tools]
 
 
 # ---------------------------------------------------------------------- parsing
-def _calls_from_json(obj: Any, where: str) -> list[ToolCall]:
-    """``{"name": str, "arguments" | "parameters": object | JSON string}`` (or a list of them) -> calls."""
-    if isinstance(obj, list):
+def _calls_from_json(obj: Any, where: str, *, top: bool = True) -> list[ToolCall]:
+    """``{"name": str, "arguments" | "parameters": object | JSON string}`` (or, at the top, a list of them) -> calls."""
+    if isinstance(obj, list) and top:
         if not obj:
             raise ToolCallParseError(f"{where} is an empty list; give one object per call.")
-        return [c for i, o in enumerate(obj) for c in _calls_from_json(o, f"{where}, item {i}")]
+        return [c for i, o in enumerate(obj) for c in _calls_from_json(o, f"{where}, item {i}", top=False)]
     expected = 'a JSON object {"name": <tool name>, "arguments": {<argument>: <value>, ...}}'
     if not isinstance(obj, dict):
         raise ToolCallParseError(f"{where} must be {expected}, got {json.dumps(obj)[:100]}.")
@@ -378,6 +389,13 @@ def parse_tool_calls(text: str, *, tokenizer: Any = None,
     """
     if not isinstance(text, str):
         raise TypeError(f"parse_tool_calls: text must be a str, got {type(text).__name__}.")
+    try:
+        return _parse(text, tokenizer, tools)
+    except RecursionError:  # JSON nested deeper than the interpreter's recursion limit
+        raise ToolCallParseError("the tool call's JSON is nested too deeply.") from None
+
+
+def _parse(text: str, tokenizer: Any, tools: Sequence[Any] | None) -> list[ToolCall]:
     if tokenizer is not None and getattr(tokenizer, "response_template", None) is not None:
         try:
             message = tokenizer.parse_response(text, prefix="", tools=_schemas(tools) if tools else None)

@@ -191,6 +191,8 @@ def test_parse_tool_calls(text, expected):
         ("</tool_call>", "</tool_call> without an opening <tool_call>"),
         ("<tool_call>[]</tool_call>", "is an empty list"),
         ('<tool_call>{"name": "a"}</tool_call><tool_call>5</tool_call>', "tool call 1 must be a JSON object"),
+        ('<tool_call>[[{"name": "a"}]]</tool_call>', "the tool call, item 0 must be a JSON object"),
+        ("<tool_call>" + "[" * 100_000 + "</tool_call>", "the tool call.s JSON is nested too deeply"),
     ],
 )
 def test_unparseable_markup_raises_tool_call_parse_error(text, reason):
