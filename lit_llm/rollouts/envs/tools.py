@@ -366,7 +366,7 @@ def parse_tool_calls(text: str, *, tokenizer: Any = None,
 
     Without a response template: every ``<tool_call> JSON </tool_call>`` block in order (the Hermes / Qwen format;
     the JSON is ``{"name": ..., "arguments": {...}}``, ``"parameters"`` also read (Llama-3.1), ``"arguments"`` may
-    be a JSON string (OpenAI), a block may hold a list of calls, a `````json`` fence inside a block is skipped, and
+    be a JSON string (OpenAI), a block may hold a list of calls, a Markdown code fence inside a block is skipped, and
     the last block may be unclosed when the text ends right after its JSON (a stop string cut the closing tag)).
     Without any tag, a turn that is exactly a JSON call with ``"name"`` and ``"parameters"`` / ``"arguments"`` (what
     Llama-3.1 emits) is a call. Text outside the blocks is ignored.

@@ -135,3 +135,13 @@ def test_instances_and_other_types_are_type_errors():
         resolve_environment(GuessNumberEnv())
     with pytest.raises(TypeError, match="An environment spec must be an Environment class.* got int 42"):
         resolve_environment(42)
+
+
+def test_envs_package_never_imports_lightning():
+    import subprocess
+    import sys
+
+    code = ("import sys, lit_llm.rollouts.envs; "
+            "print(sorted({m.split('.')[0] for m in sys.modules if 'lightning' in m}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # DESIGN.md layers: rollouts never import Lightning
