@@ -183,7 +183,11 @@ def main() -> None:
     print(f"  prompts with >= 1 parsable call among their {args.generations}: {solved} / {args.prompts}")
 
     print("\nExamples (problem -> completion):")
-    shown = [i for i, s in enumerate(stats) if s["markup"]][:args.examples // 2]
+    # failures first (call markup that is not a valid call, episodes that end wrong), then calls, then the rest
+    failed = [i for i, s in enumerate(stats) if s["markup"] and not s["right_tool_valid_args"]]
+    failed += [i for i, (_, r) in finals.items() if r != 1.0]
+    calls = [i for i, s in enumerate(stats) if s["markup"] and i not in failed]
+    shown = (failed + calls)[:args.examples // 2]
     shown += [i for i in range(n) if i not in shown][:args.examples - len(shown)]
     for i in shown:
         print(f"--- [{i}] {rows[i // args.generations]['expression']} = {rows[i // args.generations]['answer']} "
