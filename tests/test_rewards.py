@@ -3,6 +3,7 @@ weighted combination (TRL semantics)."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import uuid
@@ -29,10 +30,14 @@ from lit_llm.rewards import (
     resolve_reward,
     strict_arithmetic_reward,
     strict_number_format_reward,
+    tool_call_format_reward,
 )
 
 BUILTINS = ["arithmetic_answer_reward", "concise_number_reward", "gsm8k_answer_reward", "strict_arithmetic_reward",
-            "strict_number_format_reward"]
+            "strict_number_format_reward", "tool_call_format_reward"]
+# The answer / number-format built-ins the audits below run on bare text prompts (the tool reward needs known tools:
+# its own tests are at the end of this file).
+TEXT_BUILTINS = [n for n in BUILTINS if n != "tool_call_format_reward"]
 ANSWER_REWARDS = [arithmetic_answer_reward, gsm8k_answer_reward, strict_arithmetic_reward]
 
 
@@ -227,7 +232,7 @@ no_digits = st.text(max_size=30).filter(lambda t: not any(c.isdigit() for c in t
 @given(ref=st.one_of(st.none(), no_digits, st.just(float("nan"))), completion=st.text(max_size=30))
 def test_every_builtin_skips_a_reference_without_a_number(ref, completion):
     """Audit of the built-ins: a missing or digit-free reference is never scored, whatever the completion."""
-    for name in BUILTINS:
+    for name in TEXT_BUILTINS:
         fn = builtin_rewards()[name]
         got = fn(["q"], [completion], None, answer=[ref])
         if "answer" in required_columns(fn):
@@ -240,7 +245,7 @@ def test_every_builtin_skips_a_reference_without_a_number(ref, completion):
 @given(ref=st.one_of(st.integers(-999, 999), st.text(max_size=20)), completion=no_digits)
 def test_every_builtin_gives_nothing_to_a_completion_without_a_number(ref, completion):
     """Audit of the built-ins: a completion without a digit never scores above 0 (answer or format)."""
-    for name in BUILTINS:
+    for name in TEXT_BUILTINS:
         (value,) = builtin_rewards()[name](["q"], [completion], None, answer=[ref])
         assert value is None or value == 0.0, (name, ref, completion, value)
 
@@ -251,7 +256,8 @@ def test_builtin_names_resolve_and_unknown_names_list_them():
     assert resolve_reward("strict_arithmetic_reward") is strict_arithmetic_reward
     assert RewardFunctions(["gsm8k_answer_reward"]).funcs == [gsm8k_answer_reward]
     listed = r"Built-in reward functions: \['arithmetic_answer_reward', 'concise_number_reward', " \
-             r"'gsm8k_answer_reward', 'strict_arithmetic_reward', 'strict_number_format_reward'\]"
+             r"'gsm8k_answer_reward', 'strict_arithmetic_reward', 'strict_number_format_reward', " \
+             r"'tool_call_format_reward'\]"
     with pytest.raises(RewardError, match=r"Unknown reward function 'accuracy_reward' \(a reward_funcs / "
                                           r"eval_reward_funcs entry\): not a built-in\. " + listed):
         RewardFunctions(["accuracy_reward"])
@@ -377,7 +383,7 @@ def test_required_columns_from_signatures_and_declarations():
     assert required_columns(len) == ()  # no signature to read
     assert {n: required_columns(f) for n, f in builtin_rewards().items()} == {
         "arithmetic_answer_reward": ("answer",), "concise_number_reward": (), "gsm8k_answer_reward": ("answer",),
-        "strict_arithmetic_reward": ("answer",), "strict_number_format_reward": ()}
+        "strict_arithmetic_reward": ("answer",), "strict_number_format_reward": (), "tool_call_format_reward": ()}
 
 
 def test_check_columns_names_function_column_and_dataset_columns():
@@ -414,3 +420,80 @@ def test_trainer_state_reaches_every_function():
     assert seen[-1] == TrainerState(global_step=0, epoch=0.0, max_steps=0)
     with pytest.raises(AttributeError):
         state.global_step = 4  # frozen: a reward function cannot move the trainer
+
+
+# ------------------------------------------------------------------------------------------ tool-call format
+CALC = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression.",
+                                         "parameters": {"type": "object", "required": ["expression"], "properties": {
+                                             "expression": {"type": "string", "description": "the expression"}}}}}
+TOOLS_PROMPT = [{"role": "system", "content": "Tools in <tools></tools> tags:\n<tools>\n" + json.dumps(CALC)
+                 + "\n</tools>\nCall with <tool_call></tool_call>."}, {"role": "user", "content": "What is 2 * 3?"}]
+
+
+def call(name="calculator", args='{"expression": "2 * 3"}'):
+    return '<tool_call>\n{"name": "' + name + '", "arguments": ' + args + "}\n</tool_call>"
+
+
+def test_tool_call_format_reward_hand_values():
+    """Tools from the prompt's <tools> block; one value per completion, written by hand."""
+    completions = [
+        call(),                                                          # a string completion with a valid call
+        [{"role": "assistant", "content": call()}, {"role": "tool", "name": "calculator", "content": "6"},
+         {"role": "assistant", "content": "6"}],                         # a whole episode
+        [{"role": "assistant", "content": "It is 6."}],                  # no call
+        [{"role": "assistant", "content": call(name="calc")}],           # unknown tool
+        [{"role": "assistant", "content": call(args='{"expression": 6}')}],      # wrong argument type
+        [{"role": "assistant", "content": call(args="{}")}],             # missing required argument
+        [{"role": "assistant", "content": call(args='{"expression": "1", "x": 2}')}],  # unknown argument
+        [{"role": "assistant", "content": "<tool_call>{not json}</tool_call>"},
+         {"role": "tool", "content": "Error"}, {"role": "assistant", "content": call()}],  # bad turn, then good
+        [{"role": "assistant", "content": "<tool_call>{not json}</tool_call>"}],  # bad markup only
+        [{"role": "user", "content": call()}, {"role": "tool", "content": call()},
+         {"role": "assistant", "content": "6"}],                         # calls outside assistant turns: ignored
+        [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "calculator", "arguments": {"expression": "2*3"}}}]}],  # structured call
+        [{"role": "assistant", "content": "", "tool_calls": [{"function": {
+            "name": "calculator", "arguments": '{"expression": "2*3"}'}}]}],  # structured, arguments as JSON text
+        [{"role": "assistant", "content": "", "tool_calls": [{"function": {
+            "name": "calculator", "arguments": "{oops"}}]}],              # structured, unreadable arguments
+        '{"name": "calculator", "parameters": {"expression": "2 * 3"}}',  # Llama-3.1's bare JSON call
+    ]
+    expected = [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    assert tool_call_format_reward([TOOLS_PROMPT] * len(completions), completions) == expected
+
+
+def tool(expression: str) -> str:
+    """Evaluate.
+
+    Args:
+        expression: the expression.
+    """
+    return expression
+
+
+def test_tool_call_format_reward_tools_column():
+    """The ``tools`` column (schemas, JSON text, functions) wins over the prompt; an empty list knows no tool; a
+    call of a tool the row does not offer is 0.0."""
+    good, named_tool = call(), call(name="tool", args='{"expression": "x"}')
+    prompts = [[{"role": "user", "content": "q"}]] * 5
+    got = tool_call_format_reward(prompts, [good, good, named_tool, good, good],
+                                  tools=[[CALC], json.dumps([CALC]), [tool], [], [tool]])
+    assert got == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert tool_call_format_reward([TOOLS_PROMPT], [good], tools=[None]) == [1.0]  # None entry: the prompt's tools
+
+
+def test_tool_call_format_reward_errors():
+    with pytest.raises(RewardError, match=r"row 0 has no known tools: no 'tools' column entry and no "
+                                          r"<tools>\.\.\.</tools> block in its prompt\. Fix: add a 'tools' column"):
+        tool_call_format_reward(["What is 2 * 3?"], [call()])
+    with pytest.raises(RewardError, match=r"row 0: the 'tools' column must be a list of tool schemas"):
+        tool_call_format_reward(["q"], [call()], tools=[CALC])
+    with pytest.raises(RewardError, match=r"row 0: 3 in the 'tools' column is not a tool schema"):
+        tool_call_format_reward(["q"], [call()], tools=[[3]])
+    with pytest.raises(RewardError, match=r"row 0: the 'tools' column is a string but not JSON"):
+        tool_call_format_reward(["q"], [call()], tools=["[oops"])
+    with pytest.raises(ValueError, match=r"column 'tools' must hold one entry per completion \(2\)"):
+        tool_call_format_reward(["q", "q"], [call(), call()], tools=[[CALC]])
+    assert resolve_reward("tool_call_format_reward") is tool_call_format_reward
+    total, per_fn = RewardFunctions(["tool_call_format_reward"])([TOOLS_PROMPT] * 2, [call(), "6"], None)
+    assert total.tolist() == [1.0, 0.0]

@@ -96,6 +96,11 @@ def _assistant_spans(
         full_probe = renderer.render([*messages[:i], probe, *messages[i + 1:]], add_generation_prompt)
         mark = full_probe.find(end_mark, prev_end)
         tail_full = full_probe[mark + 1:]
+        if mark < 0 and m.get("tool_calls"):  # the template renders the call only (Llama-3.1): turn from prefixes
+            start, end = _unrendered_content_span(renderer, messages, i, full, prev_end, stops, where, probe_user)
+            spans.append((start, end))
+            prev_end = end
+            continue
         if mark < 0 or not full.endswith(tail_full):
             raise ChatTemplateError(
                 f"Chat template {renderer.name!r}: cannot locate the content of assistant message {i} of {where} in "
@@ -105,7 +110,12 @@ def _assistant_spans(
         content_end = len(full) - len(tail_full)
         content_start = full_probe.find(start_mark, prev_end, mark)
         content_start = content_end if content_start < 0 else min(content_start, content_end)
-        start = _span_start(renderer, messages, i, full, prev_end, content_start, where, probe_user)
+        if not m["content"]:
+            # An empty content has no position of its own, and the probe's content may switch the template's
+            # branch (Qwen2.5 / Qwen3 write "\n" + content only when there is content, then the tool calls, whose
+            # own "\n" the full render has there instead): the turn's prompt ends at most where the two renders
+            # part.
+            content_start = len(os.path.commonprefix([full, full_probe]))
         # End-of-turn text: what follows the content in every continuation of the turn.
         last = renderer.render([*messages[:i], probe], False)
         tails = [tail_full, last[last.rfind(end_mark) + 1:]]
@@ -117,6 +127,7 @@ def _assistant_spans(
         eot = os.path.commonprefix(tails)
         cut = max((eot.rfind(s) + len(s) for s in stops if s in eot), default=len(eot.rstrip()))
         end = content_end + cut
+        start = _span_start(renderer, messages, i, full, prev_end, content_start, where, probe_user)
         if not prev_end <= start <= end:
             raise ChatTemplateError(
                 f"Chat template {renderer.name!r}: assistant message {i} of {where} maps to characters "
@@ -125,6 +136,35 @@ def _assistant_spans(
         spans.append((start, end))
         prev_end = end
     return full, spans
+
+
+def _unrendered_content_span(renderer: _Renderer, messages: list[dict], i: int, full: str, prev_end: int,
+                             stops: tuple[str, ...], where: str, probe_user: str) -> tuple[int, int]:
+    """The span of assistant turn ``i`` (with ``tool_calls``) whose content the template does not render (Llama-3.1
+    writes only the call's JSON): the turn is what ``T(messages[:i+1])`` adds to the render before it, as far as
+    ``F``, ``T(messages[:i+1])`` and ``T(messages[:i+1] + [probe user message])`` agree; it ends after its last stop
+    string (else with trailing whitespace removed), and starts after the generation prompt (:func:`_span_start`).
+
+    Raises:
+        ChatTemplateError: the render of ``messages[:i+1]`` does not agree with ``F`` past the previous turn.
+    """
+    upto = renderer.render(messages[:i + 1], False)
+    renders = [full, upto]
+    try:
+        renders.append(renderer.render([*messages[:i + 1], {"role": "user", "content": probe_user}], False))
+    except ChatTemplateError:
+        pass
+    agreed = len(os.path.commonprefix(renders))
+    start = _span_start(renderer, messages, i, full, prev_end, agreed, where, probe_user) if agreed > prev_end else -1
+    turn = full[start:agreed]
+    if start < 0 or not turn.strip():
+        raise ChatTemplateError(
+            f"Chat template {renderer.name!r}: cannot locate assistant message {i} of {where} in the render (its "
+            f"content is not rendered and the render of the conversation up to it is not a prefix of the full "
+            f"render). Use a template with {{% generation %}} markers for this model."
+        )
+    cut = max((turn.rfind(s) + len(s) for s in stops if s in turn), default=len(turn.rstrip()))
+    return start, start + cut
 
 
 def _span_start(renderer: _Renderer, messages: list[dict], i: int, full: str, prev_end: int, content_start: int,

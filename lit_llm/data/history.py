@@ -31,9 +31,11 @@ from lit_llm.data.validation import (
     find_special_tokens,
 )
 
-__all__ = ["PAD_ROLE", "ROLES", "STOP_STRINGS", "History", "find_special_tokens"]
+__all__ = ["MESSAGE_KEYS", "PAD_ROLE", "ROLES", "STOP_STRINGS", "History", "find_special_tokens"]
 
-MESSAGE_KEYS = ("role", "content", "is_complete", "tool_calls")
+MESSAGE_KEYS = ("role", "content", "is_complete", "tool_calls", "name", "tool_call_id")
+"""The keys a message dict may have (:meth:`History.from_chats`): TorchRL's ``History`` fields plus the OpenAI /
+transformers keys of tool messages (``name``, ``tool_call_id``)."""
 
 
 class History(TensorClass["nocast"]):
@@ -50,13 +52,25 @@ class History(TensorClass["nocast"]):
         is_complete: ``False`` when the message was cut before its end-of-turn token (e.g. a truncated
             generation). Rendering ignores it; default ``True``.
         tool_calls: optional list of tool-call dicts (``{"type": "function", "function": {"name": ...,
-            "arguments": ...}}``) passed to the template as ``message.tool_calls``; default ``None``.
+            "arguments": ...}}``) passed to the template as ``message.tool_calls``; default ``None``. A model's turn
+            that writes its call as text (``<tool_call>{...}</tool_call>`` in ``content``, what the episode engine
+            decodes) needs none.
+        name: the tool's name on a ``"tool"`` message (``{"role": "tool", "name": "calculator", "content": "42"}``,
+            transformers' and the environments' format); passed to the template as ``message.name``; default
+            ``None``.
+        tool_call_id: the id of the call a ``"tool"`` message answers (OpenAI's key; Mistral-style templates read
+            it); default ``None``.
+
+    Tool conversations are first-class: ``"tool"`` messages render as the template writes them and are never in the
+    assistant mask; assistant turns (with a call in ``content`` or in ``tool_calls``) are (DESIGN.md property 3).
     """
 
     role: str
     content: str
     is_complete: bool = True
     tool_calls: list | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
 
     # ------------------------------------------------------------------ construction / conversion
     @classmethod
@@ -65,7 +79,8 @@ class History(TensorClass["nocast"]):
 
         Args:
             chats: messages are dicts with keys ``role`` (str, one of :data:`ROLES`) and ``content`` (str), and
-                optionally ``is_complete`` (bool) and ``tool_calls`` (list or None). No other key is accepted.
+                optionally ``is_complete`` (bool), ``tool_calls`` (list or None), ``name`` and ``tool_call_id``
+                (str or None; tool messages). No other key is accepted (:data:`MESSAGE_KEYS`).
 
         Returns:
             History of shape ``[n_messages]`` for one conversation, ``[B, max_n_messages]`` for B conversations
@@ -74,7 +89,8 @@ class History(TensorClass["nocast"]):
         Raises:
             InvalidConversationError: empty input or conversation, a message that is not a dict, a missing or
                 unknown key, an unknown role, non-string content, a non-bool ``is_complete``, a non-list
-                ``tool_calls``. The message names the conversation index, the message index and the key.
+                ``tool_calls``, a non-string ``name`` / ``tool_call_id``. The message names the conversation index,
+                the message index and the key.
         """
         if isinstance(chats, (str, bytes)) or not isinstance(chats, Sequence) or len(chats) == 0:
             raise InvalidConversationError(
@@ -133,7 +149,15 @@ class History(TensorClass["nocast"]):
                 f"History.from_chats: {where} has 'tool_calls' of type {type(tool_calls).__name__}; it must be a "
                 f"list of tool-call dicts or None."
             )
-        return cls(role=m["role"], content=m["content"], is_complete=is_complete, tool_calls=tool_calls)
+        for key in ("name", "tool_call_id"):
+            value = m.get(key)
+            if value is not None and not isinstance(value, str):
+                raise InvalidConversationError(
+                    f"History.from_chats: {where} has {key!r}={_short(value)}; it must be a str (e.g. the tool's "
+                    f"name on a tool message) or None."
+                )
+        return cls(role=m["role"], content=m["content"], is_complete=is_complete, tool_calls=tool_calls,
+                   name=m.get("name"), tool_call_id=m.get("tool_call_id"))
 
     @classmethod
     def from_text(cls, texts: str | Sequence[str], chat_template_name: str) -> History:
@@ -162,7 +186,8 @@ class History(TensorClass["nocast"]):
 
         Returns:
             ``list[dict]`` for a History of shape ``[n]`` (or ``[]``), ``list[list[dict]]`` for ``[B, n]``. Each dict
-            has ``role`` and ``content``, plus ``tool_calls`` when set and ``is_complete`` when ``False``.
+            has ``role`` and ``content``, plus ``tool_calls``, ``name`` and ``tool_call_id`` when set and
+            ``is_complete`` when ``False``.
         """
         if self.ndim > 2:
             raise ValueError(f"History.to_chats: expected a History of shape [n] or [B, n], got {list(self.shape)}.")
@@ -338,6 +363,9 @@ def _clean_conversation(rows: list[dict]) -> list[dict]:
         d = {"role": r["role"], "content": r["content"]}
         if r.get("tool_calls") is not None:
             d["tool_calls"] = _plain(r["tool_calls"])
+        for key in ("name", "tool_call_id"):
+            if r.get(key) is not None:
+                d[key] = r[key]
         if r.get("is_complete", True) is False:
             d["is_complete"] = False
         out.append(d)

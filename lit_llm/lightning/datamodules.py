@@ -30,16 +30,19 @@ from lit_llm.data.datasets import (
     _Skipped,
     arithmetic_examples,
     collate,
+    examples_from_rows,
     read_examples,
     tokenize_example,
 )
 from lit_llm.data.packing import collate_packed
 from lit_llm.objectives.sft import loss_mask
 
-__all__ = ["SFTDataModule", "StepBatchLoader", "deprecated_alias", "module_attr", "resolve_tokenizer",
-           "template_options"]
+__all__ = ["SYNTHETIC_FORMATS", "SFTDataModule", "StepBatchLoader", "calculator_examples", "deprecated_alias",
+           "module_attr", "resolve_tokenizer", "template_options"]
 
 Head = Literal["sft", "rlhf", "generic"]
+SYNTHETIC_FORMATS = ("arithmetic", "calculator")
+"""``SFTDataModule`` formats that generate their rows (no ``path``)."""
 
 
 def resolve_tokenizer(name: str | None) -> Any:
@@ -175,9 +178,29 @@ class StepBatchLoader:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
+def calculator_examples(num: int, num_val: int, *, seed: int, tools_in_system: bool,
+                        system_prompt: str | None = None) -> tuple[list[Example], list[Example]]:
+    """The synthetic calculator tool traces (:meth:`lit_llm.rollouts.envs.CalculatorEnv.make_sft_rows`) as chat
+    examples: ``num`` training and ``num_val`` validation traces (the calculator task's disjoint train / eval
+    problems). Each: [system,] user question, assistant ``<tool_call>``, tool result, assistant final answer; the
+    prompt is every message before the final answer (the chat format), ``reference`` the final answer.
+
+    Raises:
+        ValueError: ``num < 1`` (from ``make_sft_rows``).
+    """
+    from lit_llm.rollouts.envs import CalculatorEnv
+
+    def examples(n: int, split: str) -> list[Example]:
+        rows = CalculatorEnv.make_sft_rows(n, seed, split=split, tools_in_system=tools_in_system,
+                                           system_prompt=system_prompt)
+        return examples_from_rows([(r["sample_id"], {"messages": r["messages"]}) for r in rows], fmt="chat")
+
+    return examples(num, "train"), (examples(num_val, "eval") if num_val else [])
+
+
 class SFTDataModule(LightningDataModule):
     """Chat / prompt-completion / GSM8K / plain-text rows (a JSONL, Parquet, CSV or JSON file, or a Hub dataset when
-    online), or the synthetic arithmetic task, tokenised for SFT.
+    online), or a synthetic task (arithmetic; calculator tool traces), tokenised for SFT.
 
     Every row is rendered once with the chat template (masks from the full render, DESIGN.md property 3), truncated
     to ``max_length`` tokens keeping the start; rows left with no token for the loss head are dropped and counted
@@ -189,22 +212,30 @@ class SFTDataModule(LightningDataModule):
     Args:
         path: training data: a ``.jsonl`` / ``.parquet`` / ``.csv`` / ``.tsv`` / ``.json`` file, or a Hub dataset
             ``NAME[:CONFIG]:SPLIT`` when online (see :mod:`lit_llm.data.sources`). Must be ``None`` with
-            ``format="arithmetic"`` (the synthetic task reads no file: giving both is an error naming the fix).
+            ``format="arithmetic"`` or ``"calculator"`` (the synthetic tasks read no file: giving both is an error
+            naming the fix).
         format: row format: ``"auto"`` (from the first row's keys), ``"chat"`` (``messages``),
             ``"prompt_completion"`` (``prompt``/``completion``: strings or message lists), ``"gsm8k"``
             (``question``/``answer``, answer kept verbatim), ``"text"`` (``text``: plain language modelling, needs
-            the ``generic`` loss head) or ``"arithmetic"`` (synthetic "a + b", no file).
+            the ``generic`` loss head), ``"arithmetic"`` (synthetic "a + b", no file) or ``"calculator"``
+            (synthetic tool traces of the calculator task, no file: question, ``<tool_call>`` turn, tool result,
+            final answer; :meth:`~lit_llm.rollouts.envs.CalculatorEnv.make_sft_rows`). The calculator tool reaches
+            the template as the episode engine gives it: its schema through ``tools=`` when the chat template
+            renders ``tools=`` (:func:`~lit_llm.rollouts.envs.template_supports_tools`), else described by a system
+            message (SmolLM2), so a warmed-up model sees in RL the prompt it was trained on. Train it with the
+            ``rlhf`` loss head (every assistant turn: the call and the answer; never the prompt or the tool result);
+            the ``sft`` head trains the final answer only (a warning says so).
         eval_path: evaluation (validation) data, same format and sources as ``path`` (a Hub spec without a split
             reads ``test``); ``None`` = hold out ``eval_fraction`` of the training rows.
         eval_fraction: fraction of the training rows held out for validation when ``eval_path`` is ``None``
             (seeded); 0 = no validation unless ``eval_path``.
         limit: use only the first ``limit`` training rows (``None`` = all).
         eval_limit: use only the first ``eval_limit`` validation rows (``None`` = all).
-        num_samples: number of arithmetic problems (``format="arithmetic"``); validation draws ``eval_limit or 64``
-            others.
+        num_samples: number of synthetic problems (``format="arithmetic"`` / ``"calculator"``); validation draws
+            ``eval_limit or 64`` others.
         system_prompt: system message prepended to every prompt that does not begin with one (GSM8K rows, string
-            prompts, message lists, arithmetic problems; never ``text`` rows). ``None`` = none (the template may add
-            its default).
+            prompts, message lists, synthetic problems (after the calculator tool's description); never ``text``
+            rows). ``None`` = none (the template may add its default).
         chat_template: Jinja string or ``.jinja`` path (``None`` = the attached module's ``chat_template``, else the
             tokenizer's own). Template variables come from the module's ``chat_template_kwargs``.
         max_length: tokens kept per conversation (the start is kept).
@@ -231,11 +262,11 @@ class SFTDataModule(LightningDataModule):
         val_path, val_fraction, val_limit: deprecated aliases of ``eval_path``, ``eval_fraction``, ``eval_limit``.
 
     Raises:
-        ValueError: no ``path`` (unless ``format="arithmetic"``), ``path`` with ``format="arithmetic"``, bad sizes,
+        ValueError: no ``path`` (unless a synthetic ``format``), ``path`` with a synthetic ``format``, bad sizes,
             or an alias given together with its new name (in ``__init__``). Data errors come from :meth:`setup`.
     """
 
-    def __init__(self, path: str | None = None, *, format: RowFormat | Literal["arithmetic"] = "auto",
+    def __init__(self, path: str | None = None, *, format: RowFormat | Literal["arithmetic", "calculator"] = "auto",
                  eval_path: str | None = None, eval_fraction: float = 0.0, limit: int | None = None,
                  eval_limit: int | None = None, num_samples: int = 256, system_prompt: str | None = None,
                  chat_template: str | None = None, max_length: int = 1024, batch_size: int = 8,
@@ -249,13 +280,14 @@ class SFTDataModule(LightningDataModule):
         eval_path = deprecated_alias(name, "eval_path", eval_path, None, "val_path", val_path)
         eval_fraction = deprecated_alias(name, "eval_fraction", eval_fraction, 0.0, "val_fraction", val_fraction)
         eval_limit = deprecated_alias(name, "eval_limit", eval_limit, None, "val_limit", val_limit)
-        if format == "arithmetic" and (path or eval_path):
-            raise ValueError(f"SFTDataModule: --data.format is 'arithmetic' (the synthetic task reads no file) but "
+        if format in SYNTHETIC_FORMATS and (path or eval_path):
+            raise ValueError(f"SFTDataModule: --data.format is {format!r} (the synthetic task reads no file) but "
                              f"--data.{'path' if path else 'eval_path'} is set. Fix: set --data.format auto (or chat, "
                              f"prompt_completion, gsm8k, text) to train on the file, or drop the path.")
-        if format != "arithmetic" and not path:
+        if format not in SYNTHETIC_FORMATS and not path:
             raise ValueError("SFTDataModule: --data.path is required (a JSONL / Parquet / CSV / JSON file of chats, "
-                             "prompt/completion pairs, GSM8K or text rows), unless --data.format arithmetic.")
+                             "prompt/completion pairs, GSM8K or text rows), unless --data.format arithmetic or "
+                             "calculator.")
         if not 0.0 <= eval_fraction < 1.0:
             raise ValueError(f"SFTDataModule: eval_fraction must be in [0, 1), got {eval_fraction}.")
         if max_length < 2:
@@ -277,6 +309,7 @@ class SFTDataModule(LightningDataModule):
         self.on_bad_row, self.seed, self.num_workers = on_bad_row, seed, num_workers
         self.tokenizer_name, self.loss_head = tokenizer, loss_head
         self.tokenizer: Any = None
+        self.tools: list[dict[str, Any]] | None = None  # tools= of every render (the calculator task's schema)
         self.train_samples: list[TokenizedExample] = []
         self.val_samples: list[TokenizedExample] = []
         self.num_skipped_rows = 0
@@ -306,6 +339,8 @@ class SFTDataModule(LightningDataModule):
         if self.format == "arithmetic":
             train, val = arithmetic_examples(self.num_samples, self.eval_limit or 64, seed=self.seed,
                                              system_prompt=self.system_prompt)
+        elif self.format == "calculator":
+            train, val = self._calculator_examples()
         else:
             train = read_examples(self.path, fmt=self.format, system_prompt=self.system_prompt,
                                   on_bad_row=self.on_bad_row, limit=self.limit, skipped=skipped)
@@ -333,6 +368,23 @@ class SFTDataModule(LightningDataModule):
                        f"{self.num_dropped_no_tokens} dropped with no trainable token (head {self._head()!r}), "
                        f"{self.num_skipped_rows} bad rows skipped.")
 
+    def _calculator_examples(self) -> tuple[list[Example], list[Example]]:
+        """The calculator traces, with the tool given as the episode engine gives it (``tools=`` or a system
+        message); warns when the loss head leaves the tool-call turn untrained."""
+        from lit_llm.rollouts.envs import CalculatorEnv, prompt_with_tools, template_supports_tools
+
+        template, template_kwargs = template_options(self)
+        takes_tools = template_supports_tools(self.tokenizer, template, **template_kwargs)
+        _, self.tools = prompt_with_tools([], CalculatorEnv.tools, template_takes_tools=takes_tools)
+        head = self._head()
+        if head != "rlhf":
+            what = ("trained together with the prompt and the tool result" if head == "generic"
+                    else "not trained (only the final answer is)")
+            rank_zero_warn(f"SFTDataModule: format 'calculator' with loss head {head!r}: the tool-call turn is "
+                           f"{what}; set --model.loss rlhf to train every assistant turn and nothing else.")
+        return calculator_examples(self.num_samples, self.eval_limit or 64, seed=self.seed,
+                                   tools_in_system=not takes_tools, system_prompt=self.system_prompt)
+
     def _check_text_head(self, examples: list[Example]) -> None:
         head = self._head()
         text = next((e for e in examples if e.text is not None), None)
@@ -345,6 +397,8 @@ class SFTDataModule(LightningDataModule):
     def _tokenize(self, examples: list[Example], skipped: _Skipped, split: str) -> list[TokenizedExample]:
         out, head = [], self._head()
         template, template_kwargs = template_options(self)
+        if self.tools is not None:
+            template_kwargs = {**template_kwargs, "tools": self.tools}
         for ex in examples:
             try:
                 s = tokenize_example(ex, self.tokenizer, chat_template=template, max_length=self.max_length,

@@ -50,10 +50,12 @@ def test_optional_fields_round_trip():
         {"role": "user", "content": "call f"},
         {"role": "assistant", "content": "", "tool_calls": calls},
         {"role": "tool", "content": "42"},
+        {"role": "tool", "name": "f", "tool_call_id": "call_0", "content": "43"},
         {"role": "assistant", "content": "It is 4", "is_complete": False},
     ]
     h = History.from_chats(chat)
-    assert h[3].is_complete is False
+    assert h[4].is_complete is False
+    assert (h[3].name, h[3].tool_call_id, h[2].name) == ("f", "call_0", None)
     assert h.to_chats() == chat
     assert History.from_chats([chat, SHORT]).to_chats() == [chat, SHORT]
 
@@ -72,7 +74,9 @@ def test_optional_fields_round_trip():
         ([{"role": "robot", "content": "x"}], "unknown role 'robot' (key 'role')"),
         ([{"role": "user", "content": 3}], "'content' must be a str, got int"),
         ([{"role": "assistant", "content": None}], "'content' must be a str, got NoneType"),
-        ([{"role": "user", "content": "x", "name": "bob"}], "unknown key(s) ['name']"),
+        ([{"role": "user", "content": "x", "weight": 1}], "unknown key(s) ['weight']"),
+        ([{"role": "tool", "content": "x", "name": 3}], "'name'=3; it must be a str"),
+        ([{"role": "tool", "content": "x", "tool_call_id": ["a"]}], "'tool_call_id'=['a']; it must be a str"),
         ([{"role": "user", "content": "x", "is_complete": "yes"}], "'is_complete'='yes'; it must be a bool"),
         ([{"role": "user", "content": "x", "tool_calls": "f()"}], "'tool_calls' of type str"),
         (["not a dict"], "conversation 0 is 'not a dict', not a list of message dicts"),

@@ -21,11 +21,13 @@ from lit_llm.rollouts.envs.tools import (
     ToolEnv,
     ToolResult,
     parse_tool_calls,
+    prompt_with_tools,
     template_supports_tools,
     tools_system_prompt,
+    validate_arguments,
 )
 
 __all__ = ["CalculatorEnv", "EnvStep", "Environment", "EnvironmentSpecError", "GuessNumberEnv", "Tool", "ToolCall",
            "ToolCallParseError", "ToolEnv", "ToolResult", "builtin_environments", "calculator", "evaluate_expression",
-           "parse_tool_calls", "prompt_messages", "resolve_environment", "template_supports_tools",
-           "tools_system_prompt"]
+           "parse_tool_calls", "prompt_messages", "prompt_with_tools", "resolve_environment", "template_supports_tools",
+           "tools_system_prompt", "validate_arguments"]

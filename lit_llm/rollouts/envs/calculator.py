@@ -24,10 +24,10 @@ from typing import Any
 
 from lit_llm.rewards import last_number, normalize_number
 from lit_llm.rollouts.envs.base import prompt_messages
-from lit_llm.rollouts.envs.tools import ToolEnv
+from lit_llm.rollouts.envs.tools import ToolCall, ToolEnv, prompt_with_tools
 
-__all__ = ["DEFAULT_TEMPLATE", "MAX_DIGITS", "MAX_EXPONENT", "MAX_EXPRESSION_CHARS", "CalculatorEnv", "calculator",
-           "evaluate_expression", "format_number", "split_of"]
+__all__ = ["ANSWER_TEMPLATE", "DEFAULT_TEMPLATE", "MAX_DIGITS", "MAX_EXPONENT", "MAX_EXPRESSION_CHARS", "CalculatorEnv",
+           "calculator", "evaluate_expression", "format_number", "split_of"]
 
 MAX_EXPRESSION_CHARS = 200
 """Longest expression the calculator accepts (characters, after normalisation)."""
@@ -38,6 +38,8 @@ MAX_DIGITS = 200
 
 DEFAULT_TEMPLATE = "What is {expression}? Use the calculator tool, then give the final answer as a number."
 """The question of a row; ``{expression}`` is filled in."""
+ANSWER_TEMPLATE = "The answer is {answer}."
+"""The final answer of a synthetic tool trace (:meth:`CalculatorEnv.make_sft_rows`); ``{answer}`` is filled in."""
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -215,4 +217,60 @@ class CalculatorEnv(ToolEnv):
             rows.append({"prompt": [{"role": "user", "content": template.format(expression=expression)}],
                          "answer": calculator(expression), "expression": expression,
                          "sample_id": f"calculator-{split}:{len(rows)}"})
+        return rows
+
+    @staticmethod
+    def make_sft_rows(n: int, seed: int = 0, *, split: str = "train", tools_in_system: bool = True,
+                      system_prompt: str | None = None, template: str = DEFAULT_TEMPLATE,
+                      answer_template: str = ANSWER_TEMPLATE) -> list[dict[str, Any]]:
+        """``n`` synthetic tool traces for an SFT warm-up: the problems of :meth:`make_rows` (same ``n``, ``seed``,
+        ``split``: same questions, answers and ids, so train and eval stay disjoint), each with the episode the task
+        rewards. Messages, in order:
+
+        1. only with ``tools_in_system``: a system message describing the tool
+           (:func:`~lit_llm.rollouts.envs.tools_system_prompt`; a ``system_prompt`` follows it in the same message,
+           as :func:`~lit_llm.rollouts.envs.prompt_with_tools` merges them); without it, ``system_prompt`` alone if
+           given (the caller passes the tool's schema to the template's ``tools=``);
+        2. the user question (``template``);
+        3. the assistant's call, ``ToolCall("calculator", {"expression": <the problem>}).to_text()``: exactly the
+           markup :func:`~lit_llm.rollouts.envs.parse_tool_calls` reads (and Qwen-style templates render for a
+           structured call);
+        4. the tool result ``{"role": "tool", "name": "calculator", "content": calculator(expression)}``: the message
+           :class:`~lit_llm.rollouts.envs.ToolEnv` appends for that call;
+        5. the final answer ``answer_template.format(answer=...)`` (no call, so it ends the episode), scored 1.0.
+
+        Train with an assistant-masked loss (``loss: rlhf``): turns 3 and 5 are trained, the prompt and the tool
+        result are not (DESIGN.md property 3).
+
+        Args:
+            n, seed, split: as :meth:`make_rows`.
+            tools_in_system: describe the tool in a system message: for chat templates that do not take ``tools=``
+                (SmolLM2's; :func:`~lit_llm.rollouts.envs.template_supports_tools`). ``False`` for those that do.
+            system_prompt: an extra system message text (``None``: none).
+            template: the question template (``{expression}``).
+            answer_template: the final answer (``{answer}``); its last number must be the answer.
+
+        Returns:
+            ``n`` rows ``{"messages": [...], "answer": str, "expression": str, "sample_id":
+            "calculator-<split>:<i>"}`` (the chat format of :class:`~lit_llm.lightning.SFTDataModule`).
+
+        Raises:
+            ValueError: as :meth:`make_rows`; an ``answer_template`` whose last number is not the answer.
+        """
+        rows = []
+        for row in CalculatorEnv.make_rows(n, seed, split=split, template=template):
+            expression, answer = row["expression"], row["answer"]
+            prompt = row["prompt"] if not system_prompt else [{"role": "system", "content": system_prompt},
+                                                              *row["prompt"]]
+            prompt, _ = prompt_with_tools(prompt, CalculatorEnv.tools, template_takes_tools=not tools_in_system)
+            final = answer_template.format(answer=answer)
+            if last_number(final) != normalize_number(answer):
+                raise ValueError(f"CalculatorEnv.make_sft_rows: answer_template {answer_template!r} gives {final!r}, "
+                                 f"whose last number is not the answer {answer}; end it with {{answer}}.")
+            messages = [*prompt,
+                        {"role": "assistant", "content": ToolCall("calculator", {"expression": expression}).to_text()},
+                        {"role": "tool", "name": "calculator", "content": calculator(expression)},
+                        {"role": "assistant", "content": final}]
+            rows.append({"messages": messages, "answer": answer, "expression": expression,
+                         "sample_id": row["sample_id"]})
         return rows

@@ -30,7 +30,8 @@ from typing import Any, Literal
 from lit_llm.rollouts.envs.base import Environment, EnvStep, _last_assistant, prompt_messages
 
 __all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "Tool", "ToolCall", "ToolCallParseError", "ToolEnv", "ToolResult",
-           "parse_tool_calls", "template_supports_tools", "tools_system_prompt"]
+           "parse_tool_calls", "prompt_with_tools", "template_supports_tools", "tools_system_prompt",
+           "validate_arguments"]
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -141,6 +142,51 @@ def _type_name(schema: Mapping[str, Any]) -> str:
     return name + (" or null" if schema.get("nullable") else "")
 
 
+def validate_arguments(schema: Mapping[str, Any], arguments: Any) -> str | None:
+    """Check a call's ``arguments`` against a tool's JSON schema (what :meth:`Tool.validate` does, for a schema
+    without its function, e.g. one read from a dataset): a JSON object, every required argument present, no unknown
+    argument, each value of its JSON type (``integer``: an int, not a bool; ``number``: a finite int or float;
+    arrays' item types; ``nullable`` allows ``null``; an ``enum`` is enforced).
+
+    Args:
+        schema: ``{"type": "function", "function": {"name", "parameters"}}`` (transformers' format) or the bare
+            ``{"name", "parameters"}`` function object; no ``parameters``: a tool without arguments.
+        arguments: the call's arguments.
+
+    Returns:
+        ``None`` when they fit, else the error text (naming the argument, the expected type and the tool's
+        signature).
+
+    Raises:
+        ValueError: ``schema`` has no ``name`` (not a tool schema).
+    """
+    function = schema.get("function", schema) if isinstance(schema, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"validate_arguments: not a tool schema (no function name): {schema!r:.200}. Expected "
+                         f"{{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}.")
+    params = function.get("parameters") or {"type": "object", "properties": {}}
+    props: Mapping[str, Any] = params.get("properties", {}) or {}
+    signature = ", ".join(f"{k}: {_type_name(v)}" for k, v in props.items())
+    usage = f" {name} takes ({signature})."
+    if not isinstance(arguments, Mapping):
+        got = json.dumps(arguments, default=str)
+        return f"Error: the arguments of {name} must be a JSON object, got {got}." + usage
+    problems = []
+    missing = [k for k in params.get("required", []) if k not in arguments]
+    if missing:
+        problems.append(f"missing required argument(s) {', '.join(missing)}")
+    unknown = [k for k in arguments if k not in props]
+    if unknown:
+        problems.append(f"unknown argument(s) {', '.join(map(str, unknown))}")
+    for k, v in arguments.items():
+        if k in props and not _type_ok(v, props[k]):
+            problems.append(f"argument {k} must be {_type_name(props[k])}, got {json.dumps(v, default=str)}")
+        elif k in props and "enum" in props[k] and v not in props[k]["enum"]:
+            problems.append(f"argument {k} must be one of {json.dumps(props[k]['enum'])}, got {json.dumps(v)}")
+    return f"Error: bad arguments for {name}: {'; '.join(problems)}." + usage if problems else None
+
+
 class Tool:
     """A Python callable offered to the model as a tool.
 
@@ -195,34 +241,13 @@ class Tool:
         return self.schema["function"].get("parameters") or {"type": "object", "properties": {}}
 
     def validate(self, arguments: Any) -> str | None:
-        """Check ``arguments`` against the schema: a JSON object, every required argument present, no unknown
-        argument, each value of its JSON type (``integer``: an int, not a bool; ``number``: a finite int or float;
-        arrays' item types; ``nullable`` allows ``null``; an ``enum`` is enforced).
+        """Check ``arguments`` against the schema (:func:`validate_arguments`).
 
         Returns:
             ``None`` when they fit, else the error text (naming the argument, the expected type and the tool's
             signature) that becomes the tool message.
         """
-        params = self.parameters
-        props: Mapping[str, Any] = params.get("properties", {}) or {}
-        signature = ", ".join(f"{k}: {_type_name(v)}" for k, v in props.items())
-        usage = f" {self.name} takes ({signature})."
-        if not isinstance(arguments, Mapping):
-            got = json.dumps(arguments, default=str)
-            return f"Error: the arguments of {self.name} must be a JSON object, got {got}." + usage
-        problems = []
-        missing = [k for k in params.get("required", []) if k not in arguments]
-        if missing:
-            problems.append(f"missing required argument(s) {', '.join(missing)}")
-        unknown = [k for k in arguments if k not in props]
-        if unknown:
-            problems.append(f"unknown argument(s) {', '.join(map(str, unknown))}")
-        for k, v in arguments.items():
-            if k in props and not _type_ok(v, props[k]):
-                problems.append(f"argument {k} must be {_type_name(props[k])}, got {json.dumps(v, default=str)}")
-            elif k in props and "enum" in props[k] and v not in props[k]["enum"]:
-                problems.append(f"argument {k} must be one of {json.dumps(props[k]['enum'])}, got {json.dumps(v)}")
-        return f"Error: bad arguments for {self.name}: {'; '.join(problems)}." + usage if problems else None
+        return validate_arguments(self.schema, arguments)
 
     def __call__(self, arguments: Mapping[str, Any] | None = None, *, timeout: float | None = None) -> ToolResult:
         """Validate ``arguments`` and run the tool in a daemon worker thread.
@@ -435,6 +460,42 @@ def tools_system_prompt(tools: Sequence[Tool | Callable[..., Any] | Mapping[str,
             '{"name": <function-name>, "arguments": <args-json-object>}\n'
             f"{TOOL_CALL_CLOSE}\n\nEach result comes back in a message from the tool. When you have the final answer, "
             "reply with it and no tool call.")
+
+
+def prompt_with_tools(messages: Sequence[Mapping[str, Any]],
+                      tools: Sequence[Tool | Callable[..., Any] | Mapping[str, Any]], *,
+                      template_takes_tools: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """How a tool task's conversation meets the chat template: the messages to render and the ``tools=`` argument.
+
+    * ``template_takes_tools`` (Qwen2.5 / Qwen3 / Llama-3.1; see :func:`template_supports_tools`): the messages
+      unchanged and the tools' schemas, for the template's ``tools=``;
+    * else (SmolLM2): the tools described by a system message (:func:`tools_system_prompt`) and ``None``. A leading
+      system message of ``messages`` is kept after the description, in the same message:
+      ``tools_system_prompt(tools) + "\n\n" + its content``.
+
+    Used alike for the first render of an episode and for SFT traces
+    (:meth:`~lit_llm.rollouts.envs.CalculatorEnv.make_sft_rows`), so a warmed-up model sees the same prompt in RL.
+
+    Args:
+        messages: the conversation (copied; not modified).
+        tools: :class:`Tool` objects, callables or schema dicts; empty: ``(messages, None)``.
+        template_takes_tools: whether the chat template renders ``tools=``.
+
+    Returns:
+        ``(messages, tools_argument)``.
+
+    Raises:
+        ValueError: a callable without a schema (see :class:`Tool`).
+    """
+    out = [dict(m) for m in messages]
+    if not tools:
+        return out, None
+    if template_takes_tools:
+        return out, _schemas(tools)
+    text = tools_system_prompt(tools)
+    if out and out[0].get("role") == "system":
+        return [{**out[0], "content": text + "\n\n" + out[0]["content"]}, *out[1:]], None
+    return [{"role": "system", "content": text}, *out], None
 
 
 def template_supports_tools(tokenizer: Any, chat_template: str | None = None, **template_kwargs: Any) -> bool:
