@@ -69,10 +69,17 @@ __all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "ENGINE_REASONS", "EPISO
 DEFAULT_MAX_TURNS = 8
 
 #: Seconds a queued turn waits for the turns of other episodes before its batch runs (the batcher's
-#: ``batching_timeout``; ``min_batch_size`` is the number of episode threads). Measured with 32 episodes of 1-6 turns
-#: of the tiny model (environment steps of 0-20 ms): 1 ms splits a round of turns over several batches
-#: (environments answer a few ms apart), 200 ms and more stalls every round once some episodes have ended. 50 ms keeps
-#: each round of turns in one or two batches, for a wall-clock cost of at most 50 ms per round.
+#: ``batching_timeout``; ``min_batch_size`` is the number of episode threads, so a batch starts early only when
+#: every episode's turn is queued, i.e. in the first round). The timeout must exceed the spread of the environment
+#: steps within a round (then every round of turns is one forward batch) and is paid at most once per round once some
+#: episodes have ended. Measured (issue 16) with 32 episodes of 1-6 turns, environment steps
+#: of 0-20 ms, two rollouts each: tiny model -- 1 ms: 27 batches of 7.7 rows, 10 ms: 23 of 9.0, **50 ms: 12 of 17.3
+#: (one batch per round)**, 200 ms: 12 of 17.3 but 2.0 s instead of 0.9 s wall, 1 s: 5.7 s wall; ``min_batch_size=1``
+#: (plain FIFO) at any timeout: ~27 batches of 7.7 rows (each round splits into two alternating halves). Bigger
+#: batches pay on the CPU too: SmolLM2-135M, 16 new tokens, 2 loaded cores, best of 4: ~640 ms per row at 8 rows,
+#: ~430 at 16, ~395 at 32 (wall-clock rollouts of that model on the loaded machine varied 80-265 s run to run, so
+#: only the batch counts are conclusive). 50 ms keeps rounds together for steps up to tens of milliseconds at a cost
+#: of at most 50 ms per round; raise it for slower tools (tools longer than it split a round in two batches).
 EPISODE_BATCHING_TIMEOUT = 0.05
 
 #: Seconds an environment's ``step`` may take before its episode ends (reason ``"step_timeout"``): the engine's own
@@ -129,6 +136,7 @@ class EpisodeRenderer:
         self.tools_prompt = tools_prompt
         self._renderers: dict[str, _Renderer] = {}
         self._lock = threading.Lock()
+        self._tokenizer_lock = threading.RLock()  # fast tokenizers are not safe to call from concurrent threads
 
     # ---------------------------------------------------------------------------------------------------- tools
     @staticmethod
@@ -193,9 +201,10 @@ class EpisodeRenderer:
             InvalidConversationError, SpecialTokenInContentError, ChatTemplateError: as
                 :meth:`History.apply_chat_template` (bad messages, special-token text in content, template errors).
         """
-        return History.from_chats([dict(m) for m in messages]).apply_chat_template(
-            self.tokenizer, chat_template=self.chat_template, add_generation_prompt=True, return_dict=False,
-            **self._template_kwargs(tools)).long().reshape(-1)
+        with self._tokenizer_lock:
+            return History.from_chats([dict(m) for m in messages]).apply_chat_template(
+                self.tokenizer, chat_template=self.chat_template, add_generation_prompt=True, return_dict=False,
+                **self._template_kwargs(tools)).long().reshape(-1)
 
     def suffix_text(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
         """The text of :meth:`suffix_ids` (special-token strings in content left as text)."""
@@ -226,15 +235,24 @@ class EpisodeRenderer:
         text = render_continuation(renderer, msgs)
         back = dict(zip(holders, specials))
         ids: list[int] = []
-        for piece in re.split(f"([{''.join(holders)}])", text):
-            if piece in back:
-                ids += self.tokenizer(back[piece], add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            elif piece:
-                ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
+        with self._tokenizer_lock:
+            for piece in re.split(f"([{''.join(holders)}])", text):
+                if piece in back:
+                    ids += self.tokenizer(back[piece], add_special_tokens=False,
+                                          split_special_tokens=True)["input_ids"]
+                elif piece:
+                    ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
         return torch.tensor(ids, dtype=torch.long)
 
     def _encode(self, text: str) -> Tensor:
-        return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        with self._tokenizer_lock:
+            return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+    def decode(self, ids: Sequence[int] | Tensor, *, skip_special_tokens: bool = True) -> str:
+        """``tokenizer.decode`` (thread-safe): a sampled turn's text as the environment reads it."""
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        with self._tokenizer_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 # ---------------------------------------------------------------------------------------------------- trajectory
@@ -318,7 +336,10 @@ class Trajectory:
         return sum(len(s.ids) for s in self.segments if s.source == "env")
 
     def text(self, tokenizer: Any) -> str:
-        """The completion as the model saw it (special tokens kept, so turns stay visible)."""
+        """The completion as the model saw it (special tokens kept, so turns stay visible); ``tokenizer`` is a
+        tokenizer or an :class:`EpisodeRenderer`."""
+        if isinstance(tokenizer, EpisodeRenderer):
+            return tokenizer.decode(self.completion_ids, skip_special_tokens=False)
         return tokenizer.decode(self.completion_ids.tolist(), skip_special_tokens=False)
 
     def stats(self, tokenizer: Any) -> dict[str, Any]:
@@ -448,7 +469,7 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
             traj.segments.append(Segment("model", ids, lps))
             traj.turns += 1
             length += ids.numel()
-            text = renderer.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+            text = renderer.decode(ids)
             traj.messages.append({"role": "assistant", "content": text})
             if over:
                 end("max_episode_tokens")
@@ -484,7 +505,8 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
                 end("max_context")
                 break
             traj.messages.extend(new)
-            traj.segments.append(Segment("env", suffix, torch.zeros(suffix.numel(), dtype=torch.float32)))
+            if suffix.numel():  # a template may render nothing (Llama-2 after a turn without a new message)
+                traj.segments.append(Segment("env", suffix, torch.zeros(suffix.numel(), dtype=torch.float32)))
             length += suffix.numel()
     finally:
         if not timed_out and callable(getattr(env, "close", None)):
@@ -664,7 +686,7 @@ class EpisodeEngine(RolloutEngine):
             RolloutError: naming the environment, the missing columns and ``source``'s columns.
         """
         env = self.make_env() if env is None else env
-        have = {"prompt", *columns}
+        have = {"prompt", "sample_id", *columns}
         missing = [c for c in getattr(env, "required_columns", ()) or () if c not in have]
         if missing:
             raise RolloutError(f"environment {_env_name(env)} needs the column(s) {missing}, but {source} has only "
@@ -763,8 +785,14 @@ class EpisodeEngine(RolloutEngine):
             trainer_state = self.current_trainer_state(step)
         rows = [{"prompt": prompts[k], "sample_id": sample_ids[k], **{c: v[k] for c, v in columns.items()}}
                 for k in range(n_prompts)]
-        envs = [self.make_env() for _ in range(n_prompts * g)]
-        self.check_columns(list(columns), source="the prompt batch", env=envs[0])
+        first = self.make_env()
+        try:
+            self.check_columns(list(columns), source="the prompt batch", env=first)
+        except RolloutError:
+            if callable(getattr(first, "close", None)):
+                first.close()
+            raise
+        envs = [first, *(self.make_env() for _ in range(n_prompts * g - 1))]
         seeds = None if self.seed is None else row_seeds(self.seed, step, self.rank, n_prompts, g).tolist()
 
         t0 = time.perf_counter()

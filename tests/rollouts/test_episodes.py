@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from episode_doubles import ScriptedEnv, ScriptedPolicy, Step, fake_log_probs
+from episode_doubles import ScriptedEnv, Step, fake_log_probs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +40,8 @@ def calculator(expression: str) -> str:
 
 CHATML_USER = "\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 QWEN_TOOL = "\n<|im_start|>user\n<tool_response>\n{}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-LLAMA3_USER = "<|start_header_id|>user<|end_header_id|>\n\n{}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+LLAMA3_USER = ("<|start_header_id|>user<|end_header_id|>\n\n{}<|eot_id|>"
+               "<|start_header_id|>assistant<|end_header_id|>\n\n")
 
 # name: (template file or None, tokenizer, stop text, env role, expected suffix of one env message, rewrites turns,
 #        canonical tokenisation of prompt+reply == full render's, with tools)
