@@ -307,3 +307,59 @@ def test_property_trajectory_equals_history_and_mask_equals_assistant_mask(token
     assert enc["input_ids"][:len(full)].tolist() == full
     assert torch.equal(enc["assistant_masks"][lp:len(full)], traj.loss_mask)
     assert not enc["assistant_masks"][:lp].any() and not enc["assistant_masks"][len(full):].any()
+
+
+TAKES_TOOLS = {"qwen2.5-instruct.jinja", "stock-lfm2.jinja", "stock-llama3_1.jinja", "stock-llama3_2.jinja",
+               "stock-qwen2_5.jinja", "stock-qwen3.jinja"}  # the templates that read a `tools` variable
+
+
+def test_every_shared_template_renders_a_user_reply_suffix_or_names_itself(tokenizer, templates_dir):
+    """A user reply after an assistant turn: its suffix holds the content and none of the anchor's turn (never a
+    re-render), for every shared template; the templates that read ``tools`` are recognised."""
+    from lit_llm.data.chat_template import template_takes_tools
+
+    for path in sorted(templates_dir.glob("*.jinja")):
+        r = EpisodeRenderer(tokenizer, chat_template=path)
+        assert r.takes_tools == (path.name in TAKES_TOOLS) == template_takes_tools(path.read_text()), path.name
+        text = r.suffix_text([{"role": "user", "content": "probe reply"}])
+        assert "probe reply" in text and "Hello." not in text and "Hi." not in text, (path.name, text)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(1, 12), min_size=1, max_size=6), feedback=st.integers(0, 6),
+       budget=st.one_of(st.none(), st.integers(1, 80)), max_turns=st.integers(1, 6), cut_last=st.booleans())
+def test_property_budgets_and_endings(tokenizer, lengths, feedback, budget, max_turns, cut_last):
+    """Whatever the turn lengths, budgets and endings: the completion fits the budget, ends with a sampled turn,
+    tiles into its segments; the loss mask is exactly the sampled segments; the ending reason matches the rules."""
+    from lit_llm.rollouts.episodes import ENGINE_REASONS
+
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    calls = []
+
+    def generate(ids, seed):
+        t = len(calls)
+        calls.append(ids.numel())
+        n = lengths[min(t, len(lengths) - 1)]
+        out = [1000 + t] * (n - 1) + ([500] if cut_last and t == len(lengths) - 1 else [stop])
+        return torch.tensor(out), fake_log_probs(out), out[-1] != stop
+    env = ScriptedEnv([Step([{"role": "user", "content": f"fb {k}"}]) for k in range(feedback)]
+                      + [Step([], reward=1.0, done=True)])
+    traj = run_episode(env, {"prompt": "Go"}, renderer=EpisodeRenderer(tokenizer), generate=generate,
+                       max_turns=max_turns, max_episode_tokens=budget)
+    comp = traj.completion_ids
+    assert budget is None or comp.numel() <= budget
+    assert traj.segments[-1].source == "model" and torch.equal(torch.cat([s.ids for s in traj.segments]), comp)
+    assert torch.equal(traj.loss_mask, torch.cat([torch.full((len(s.ids),), s.source == "model")
+                                                  for s in traj.segments]))
+    assert traj.turns == len(calls) == sum(s.source == "model" for s in traj.segments) <= max_turns
+    assert calls == [traj.prompt_ids.numel() + sum(len(s.ids) for s in traj.segments[:2 * t]) for t in
+                     range(traj.turns)]  # each turn saw the whole trajectory so far
+    assert traj.truncated == (traj.reason in ENGINE_REASONS) and traj.truncated != traj.done
+    if traj.done:
+        assert traj.turns == feedback + 1 and traj.env_reward == 1.0
+    elif traj.reason == "max_turns":
+        assert traj.turns == max_turns
+    elif traj.reason == "max_new_tokens":
+        assert cut_last and traj.segments[-1].ids[-1] == 500
+    else:
+        assert traj.reason == "max_episode_tokens" and budget is not None
