@@ -28,7 +28,7 @@ import torch
 from lit_llm.data.errors import ChatTemplateError
 
 __all__ = ["CHAT_TEMPLATE_ALIASES", "CHAT_TEMPLATE_FILES", "STOP_STRINGS", "canonical_template_name",
-           "chat_templates_dir", "set_chat_template"]
+           "chat_templates_dir", "render_continuation", "set_chat_template", "template_takes_tools"]
 
 STOP_STRINGS = (
     "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<end_of_turn>", "<|end|>", "<|end_of_turn|>",
@@ -167,6 +167,88 @@ def _unrendered_content_span(renderer: _Renderer, messages: list[dict], i: int, 
     return start, start + cut
 
 
+#: The fixed conversation after whose assistant turn :func:`render_continuation` renders new messages.
+CONTINUATION_ANCHOR = ({"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."})
+
+
+def render_continuation(renderer: _Renderer, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+    """The text the template renders for ``messages`` appended after an assistant turn: everything after that turn's
+    end-of-turn text (its stop token), through the generation prompt of the next turn (DESIGN.md property 9).
+
+    Derived from one render of :data:`CONTINUATION_ANCHOR` followed by ``messages``: the anchor's assistant turn is
+    delimited by :func:`_assistant_spans` (so its end is the end of the stop string, exactly as in the assistant
+    masks) and the continuation is the rest of the render. The anchor's turn may be rendered differently once
+    messages follow it (Qwen3 drops the empty think block of a non-final turn): only the text after it is used, never
+    a re-render of an episode's history. For ChatML the continuation starts with the ``"\\n"`` rendered after
+    ``<|im_end|>``.
+
+    Args:
+        renderer: the template renderer (tokenizer, template, template variables incl. ``tools``).
+        messages: the new messages (``tool`` / ``user`` / ``system``; no ``assistant`` message), possibly empty
+            (then the continuation is the generation prompt only, when the template renders it).
+        add_generation_prompt: end with the next turn's generation prompt.
+
+    Returns:
+        The continuation text.
+
+    Raises:
+        ChatTemplateError: the template cannot render ``messages`` after an assistant turn (e.g. roles that must
+            alternate, a ``tool`` role it does not know), or the anchor's turn cannot be delimited; names the
+            template, the roles and the fix.
+    """
+    conversation = [*map(dict, CONTINUATION_ANCHOR), *messages]
+    roles = [m.get("role") for m in messages]
+    try:
+        full, spans = _assistant_spans(renderer, conversation, add_generation_prompt=add_generation_prompt,
+                                       where="the continuation anchor")
+    except (ChatTemplateError, TypeError, IndexError, KeyError) as e:
+        raise ChatTemplateError(
+            f"Chat template {renderer.name!r} cannot render new messages with roles {roles} after an assistant turn, "
+            f"so the suffix that appends them to an episode cannot be derived ({type(e).__name__}: {e}). Use a "
+            f"template that renders these roles after an assistant turn (e.g. one with tool support for 'tool' "
+            f"messages), or let the environment reply with 'user' messages."
+        ) from e
+    if len(spans) != 1:
+        raise ChatTemplateError(
+            f"Chat template {renderer.name!r}: the new messages (roles {roles}) render as assistant turns, so no "
+            f"suffix after the sampled turn can be derived; environments reply with 'tool', 'user' or 'system' "
+            f"messages."
+        )
+    # A template may silently drop a role it does not know (Phi-3.5 drops 'tool'): the model would never see it.
+    marks = _free_chars(renderer, conversation, len(messages))
+    probe = renderer.render([*conversation[:2], *(dict(m, content=k) for m, k in zip(messages, marks))],
+                            add_generation_prompt)
+    dropped = [i for i, k in enumerate(marks) if k not in probe]
+    if dropped:
+        raise ChatTemplateError(
+            f"Chat template {renderer.name!r} does not render the content of new message(s) {dropped} (roles "
+            f"{[roles[i] for i in dropped]}) after an assistant turn: the model would never see them. Use a template "
+            f"that renders this role, or let the environment reply with 'user' messages."
+        )
+    return full[spans[0][1]:]
+
+
+def template_takes_tools(template: str) -> bool:
+    """Whether a Jinja chat template reads the ``tools`` variable (Qwen2.5, Qwen3, Llama-3.1 do; SmolLM2's, ChatML
+    and Llama-3's do not: tools must then be described in the system prompt).
+
+    Raises:
+        ChatTemplateError: the template is not valid Jinja.
+    """
+    import re
+
+    from jinja2 import TemplateSyntaxError, meta
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    text = re.sub(r"\{%-?\s*(end)?generation\s*-?%\}", "", template)  # transformers' extension tags
+    try:
+        ast = ImmutableSandboxedEnvironment(extensions=[loopcontrols]).parse(text)
+    except TemplateSyntaxError as e:
+        raise ChatTemplateError(f"chat template is not valid Jinja: {e}") from e
+    return "tools" in meta.find_undeclared_variables(ast)
+
+
 def _span_start(renderer: _Renderer, messages: list[dict], i: int, full: str, prev_end: int, content_start: int,
                 where: str, probe_user: str) -> int:
     prompt = renderer.render(messages[:i], True, empty_ok=True)
@@ -230,6 +312,11 @@ def _check_prompt_not_interrupted(renderer: _Renderer, full: str, gen: str, k: i
 def _markers(renderer: _Renderer, messages: list[dict]) -> tuple[str, str, str]:
     """Three private-use characters (never whitespace, never changed by Jinja filters) that occur nowhere in the
     conversation, the template or its variables: ``(start mark, end mark, probe user content)``."""
+    return _free_chars(renderer, messages, 3)
+
+
+def _free_chars(renderer: _Renderer, messages: list[dict], n: int) -> tuple[str, ...]:
+    """``n`` private-use characters that occur nowhere in ``messages``, the template or its variables."""
     used: set[str] = set()
     stack: list[Any] = [renderer.template, messages, renderer.tools, renderer.documents, renderer.variables]
     while stack:
@@ -242,7 +329,7 @@ def _markers(renderer: _Renderer, messages: list[dict]) -> tuple[str, str, str]:
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
     free = (c for c in map(chr, range(0xE000, 0xF900)) if c not in used)
-    return next(free), next(free), next(free)
+    return tuple(next(free) for _ in range(n))
 
 
 # ---------------------------------------------------------------------- rendering helpers

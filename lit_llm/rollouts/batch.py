@@ -15,7 +15,8 @@ field                  shape / dtype    meaning
 ``completion_ids``     [N, Lc] long     sampled completions, **right**-padded with the pad id (stop token included)
 ``completion_mask``    [N, Lc] bool     True on real completion tokens (never inferred from ids: pad == eos)
 ``loss_mask``          [N, Lc] bool     completion tokens that enter the loss (all of them for single-turn rollouts;
-                                        truncation masking is the objective's, ``mask_truncated_completions``)
+                                        for episodes the sampled ids only, never environment ids; truncation masking
+                                        is the objective's, ``mask_truncated_completions``)
 ``prompt_index``       [N] long         row -> its prompt in ``prompt_ids``
 ``old_log_probs``      [N, Lc] float32  the GRPO ratio's denominator: generation-time ``log p(c_t | prompt, c_<t)``
                                         (0.0 at padding) as built; replaced by the trainer's no-grad recompute with
@@ -33,6 +34,10 @@ field                  shape / dtype    meaning
 ``generation_time``    float            seconds of generation (wall clock)
 ``reward_time``        float            seconds of reward functions and advantages
 ``frac_reward_zero_std`` float          fraction of groups whose rewards are all equal
+``episodes``           list[dict]|None  per-row episode statistics of multi-turn rollouts
+                                        (:class:`~lit_llm.rollouts.episodes.EpisodeEngine`; keys in
+                                        :data:`~lit_llm.rollouts.episodes.EPISODE_STAT_KEYS`); ``None`` for
+                                        single-turn rollouts
 =====================  ===============  ==============================================================================
 """
 
@@ -80,6 +85,7 @@ class RolloutBatch(TensorClass["nocast"]):
     generation_time: float = 0.0
     reward_time: float = 0.0
     frac_reward_zero_std: float = 0.0
+    episodes: list | None = None
 
     # ------------------------------------------------------------------------------------------------ building
     @classmethod
@@ -89,7 +95,8 @@ class RolloutBatch(TensorClass["nocast"]):
                   policy_version: int, pad_token_id: int, rewards: dict[str, Tensor] | None = None,
                   sample_id: Sequence[str] | None = None, completion: Sequence[str] | None = None,
                   loss_masks: Sequence[Tensor] | None = None, generation_time: float = 0.0,
-                  reward_time: float = 0.0, frac_reward_zero_std: float = 0.0) -> RolloutBatch:
+                  reward_time: float = 0.0, frac_reward_zero_std: float = 0.0,
+                  episodes: Sequence[dict] | None = None) -> RolloutBatch:
         """Pad per-row tensors into a :class:`RolloutBatch` (on the CPU).
 
         Args:
@@ -103,6 +110,7 @@ class RolloutBatch(TensorClass["nocast"]):
             rewards: per-function ``[N]`` rewards. sample_id, completion: ``N`` strings each.
             loss_masks: ``N`` 1-D bool masks over each completion (default: every completion token).
             generation_time, reward_time, frac_reward_zero_std: statistics of the rollout.
+            episodes: ``N`` dicts of per-episode statistics (multi-turn rollouts), or ``None``.
 
         Raises:
             ValueError: lengths that do not line up (the message names the argument), an empty prompt, a
@@ -119,6 +127,8 @@ class RolloutBatch(TensorClass["nocast"]):
             named["completion"] = len(completion)
         if loss_masks is not None:
             named["loss_masks"] = len(loss_masks)
+        if episodes is not None:
+            named["episodes"] = len(episodes)
         bad = {k: v for k, v in named.items() if v != n}
         if n == 0 or bad:
             raise ValueError(f"RolloutBatch.from_rows: every per-row argument needs one entry per completion "
@@ -155,7 +165,8 @@ class RolloutBatch(TensorClass["nocast"]):
             sample_id=[str(s) for s in (sample_id if sample_id is not None else [""] * n)],
             completion=[str(s) for s in (completion if completion is not None else [""] * n)],
             generation_time=float(generation_time), reward_time=float(reward_time),
-            frac_reward_zero_std=float(frac_reward_zero_std), batch_size=[],
+            frac_reward_zero_std=float(frac_reward_zero_std),
+            episodes=None if episodes is None else [dict(e) for e in episodes], batch_size=[],
         )
 
     # ------------------------------------------------------------------------------------------------ views
@@ -231,7 +242,8 @@ class RolloutBatch(TensorClass["nocast"]):
             rewards=TensorDict({k: v[idx] for k, v in self.rewards.items()}, batch_size=[]),
             sample_id=[self.sample_id[i] for i in ids], completion=[self.completion[i] for i in ids],
             generation_time=self.generation_time, reward_time=self.reward_time,
-            frac_reward_zero_std=self.frac_reward_zero_std, batch_size=[],
+            frac_reward_zero_std=self.frac_reward_zero_std,
+            episodes=None if self.episodes is None else [self.episodes[i] for i in ids], batch_size=[],
         )
 
     def micro_batches(self, size: int) -> list[RolloutBatch]:

@@ -44,7 +44,8 @@ from lit_llm.policy.sampling import _splitmix64
 from lit_llm.rewards import TrainerState
 from lit_llm.rollouts.batch import RolloutBatch
 
-__all__ = ["RESERVED_KEYS", "RolloutEngine", "RolloutError", "policy_responses", "row_seeds"]
+__all__ = ["RESERVED_KEYS", "RolloutEngine", "RolloutError", "distinct_prompts", "policy_responses",
+           "read_prompt_batch", "row_seeds"]
 
 #: Prompt-batch keys the engine reads itself; every other key is a dataset column passed to the reward functions.
 RESERVED_KEYS = frozenset({"prompt", "prompt_ids", "sample_id"})
@@ -90,6 +91,37 @@ def _columns(batch: Mapping[str, Any], num_prompts: int) -> dict[str, list]:
                                f"got {v!r:.120}. Fix the prompt datamodule's collate.")
         cols[k] = list(v)
     return cols
+
+
+def read_prompt_batch(batch: Mapping[str, Any]) -> tuple[list, list[str], dict[str, list]]:
+    """The prompts, sample ids and dataset columns of a prompt batch (see :meth:`RolloutEngine.rollout`).
+
+    Returns:
+        ``(prompts, sample_ids, columns)``: ``P`` prompts (strings or message lists), ``P`` sample ids (default
+        ``"prompt:<i>"``) and every other non-reserved key as a list of ``P`` entries.
+
+    Raises:
+        RolloutError: no ``"prompt"``, an empty batch, a column that is not a list of ``P`` entries.
+    """
+    if "prompt" not in batch:
+        raise RolloutError(f"prompt batch has no 'prompt' key (keys: {sorted(batch)}); the prompt datamodule must "
+                           f"provide the prompts (strings or message lists) under 'prompt'.")
+    prompts = list(batch["prompt"])
+    if not prompts:
+        raise RolloutError("prompt batch is empty; give at least one prompt.")
+    sample_ids = [str(s) for s in batch.get("sample_id", [f"prompt:{i}" for i in range(len(prompts))])]
+    return prompts, sample_ids, _columns(batch, len(prompts))
+
+
+def distinct_prompts(prompts: Sequence[Tensor]) -> tuple[list[Tensor], list[int]]:
+    """Identical prompt ids share one row of ``prompt_ids``: ``(unique prompts in first-seen order, index of each
+    prompt's row)``."""
+    distinct: dict[tuple[int, ...], int] = {}
+    index = [distinct.setdefault(tuple(p.tolist()), len(distinct)) for p in prompts]
+    unique: list[Tensor] = [torch.empty(0, dtype=torch.long)] * len(distinct)
+    for p, j in zip(prompts, index):
+        unique[j] = p
+    return unique, index
 
 
 def policy_responses(policy: Any, prompts: list[Tensor], *, seeds: Tensor | None = None,
@@ -180,7 +212,7 @@ class RolloutEngine:
         self.advantage_estimator = advantage_estimator
         self.pad_token_id = int(policy.generation_config.pad_token_id)
         self.max_new_tokens = int(policy.generation_config.max_new_tokens)
-        self._batched: dict[int, Any] = {}  # rows per call -> batching version of the policy
+        self._batched: dict[tuple, Any] = {}  # (rows, timeout, max rows) -> batching version of the policy
         self._lock = threading.Lock()
         self.num_policy_calls = 0  # calls of the generate version (one per worker and rollout)
 
@@ -194,14 +226,17 @@ class RolloutEngine:
         generation index (:func:`row_seeds`)."""
         return None if self.seed is None else _mix_seed(self.seed, step, self.rank)
 
-    def batched_policy(self, rows: int) -> Any:
-        """The version of :attr:`policy` whose batcher runs once ``rows`` rows are queued (built once per count)."""
+    def batched_policy(self, rows: int, *, timeout: float = ROLLOUT_BATCHING_TIMEOUT,
+                       max_batch_size: int | None = None) -> Any:
+        """The version of :attr:`policy` whose batcher runs once ``rows`` rows are queued, or once the oldest queued
+        row has waited ``timeout`` seconds, at most ``max_batch_size`` rows per forward (built once per setting)."""
+        key = (rows, float(timeout), max_batch_size)
         with self._lock:
-            version = self._batched.get(rows)
+            version = self._batched.get(key)
             if version is None:
-                version = self.policy.get_new_version(batching=True, min_batch_size=rows, max_batch_size=None,
-                                                      batching_timeout=ROLLOUT_BATCHING_TIMEOUT)
-                self._batched[rows] = version
+                version = self.policy.get_new_version(batching=True, min_batch_size=rows,
+                                                      max_batch_size=max_batch_size, batching_timeout=timeout)
+                self._batched[key] = version
             return version
 
     # -------------------------------------------------------------------------------------------- generation
@@ -264,13 +299,8 @@ class RolloutEngine:
                 that renders to nothing.
             lit_llm.rewards.RewardError: a reward function raised or returned NaN / the wrong length (names it).
         """
-        if "prompt" not in batch:
-            raise RolloutError(f"prompt batch has no 'prompt' key (keys: {sorted(batch)}); the prompt datamodule must "
-                               f"provide the prompts (strings or message lists) under 'prompt'.")
-        prompts = list(batch["prompt"])
+        prompts, sample_ids, columns = read_prompt_batch(batch)
         n_prompts, g = len(prompts), self.num_generations
-        if n_prompts == 0:
-            raise RolloutError("prompt batch is empty; give at least one prompt.")
         ids = batch.get("prompt_ids")
         if ids is None:
             try:
@@ -281,11 +311,8 @@ class RolloutEngine:
         ids = [torch.as_tensor(p, dtype=torch.long).reshape(-1).cpu() for p in ids]
         if len(ids) != n_prompts:
             raise RolloutError(f"prompt batch has {len(ids)} 'prompt_ids' for {n_prompts} prompts; give one each.")
-        sample_ids = [str(s) for s in batch.get("sample_id", [f"prompt:{i}" for i in range(n_prompts)])]
-        columns = _columns(batch, n_prompts)
         if trainer_state is None:  # taken before generating: the progress the rollout was generated at
-            trainer_state = (self.trainer_state_fn() if self.trainer_state_fn is not None
-                             else TrainerState(global_step=int(step)))
+            trainer_state = self.current_trainer_state(step)
         rep = [p for p in ids for _ in range(g)]
         seeds = None if self.seed is None else row_seeds(self.seed, step, self.rank, n_prompts, g)
 
@@ -308,11 +335,7 @@ class RolloutEngine:
                                                advantage_estimator=self.advantage_estimator)
         reward_time = time.perf_counter() - t1
 
-        distinct: dict[tuple[int, ...], int] = {}  # identical prompts share one row of prompt_ids
-        prompt_of_group = [distinct.setdefault(tuple(p.tolist()), len(distinct)) for p in ids]
-        unique = [None] * len(distinct)
-        for p, j in zip(ids, prompt_of_group):
-            unique[j] = p
+        unique, prompt_of_group = distinct_prompts(ids)
         return RolloutBatch.from_rows(
             prompts=unique, prompt_index=[j for j in prompt_of_group for _ in range(g)], completions=resp,
             old_log_probs=resp_lp, reward=total, advantage=advantages, truncated=truncated,
@@ -321,6 +344,11 @@ class RolloutEngine:
             rewards=dict(per_fn.items()), sample_id=[s for s in sample_ids for _ in range(g)], completion=texts,
             generation_time=gen_time, reward_time=reward_time,
             frac_reward_zero_std=float(stats["frac_reward_zero_std"]))
+
+    def current_trainer_state(self, step: int) -> TrainerState:
+        """The :class:`~lit_llm.rewards.TrainerState` a rollout of ``step`` passes to the reward functions when the
+        caller gives none: :attr:`trainer_state_fn`'s, else ``TrainerState(global_step=step)``."""
+        return self.trainer_state_fn() if self.trainer_state_fn is not None else TrainerState(global_step=int(step))
 
     # ----------------------------------------------------------------------------------------------- weights
     @torch.no_grad()

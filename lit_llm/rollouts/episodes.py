@@ -1,0 +1,832 @@
+"""Multi-turn episodes as GRPO rollouts: token-in / token-out trajectories with provenance (DESIGN.md property 9).
+
+An **episode** is one conversation between the policy and an environment (``reset(row) -> messages``,
+``step(messages) -> EnvStep(messages, reward, done, info)``; the interface of :mod:`lit_llm.rollouts.envs`, used here
+by duck typing). Its **trajectory** is the ids the model saw, in order:
+
+* ``prompt_ids``: the first render of the initial messages with the generation prompt (``tools=`` passed to the
+  template when it reads them, else the tools described by a system message);
+* then segments: each sampled turn's ids **exactly as generated** (stop token included; never decoded and
+  re-tokenised), and after each environment reply the ids of a **suffix render** of only the new messages plus the
+  next generation prompt (:class:`EpisodeRenderer`, from :func:`lit_llm.data.chat_template.render_continuation`),
+  starting right after the sampled stop token (ChatML's ``"\\n"`` after ``<|im_end|>`` belongs to the suffix). The
+  history is never re-rendered, so templates that rewrite earlier turns (Qwen3 drops old reasoning) cannot make the
+  trained context differ from the sampled one.
+
+The completion of a row is everything after ``prompt_ids``; its ``loss_mask`` is provenance: 1 on sampled ids, 0 on
+environment ids (attended to, never trained); generation-time log-probs on sampled ids, 0.0 on environment ids.
+
+:class:`EpisodeEngine` runs ``P`` prompts x ``num_generations`` episodes, each in its own worker thread; every model
+turn calls the generate version through the wrapper's threaded batcher, so turns of different episodes share forward
+passes. Batcher settings (measured, see :data:`EPISODE_BATCHING_TIMEOUT`): ``min_batch_size`` = the number of
+episode threads, ``batching_timeout`` short. All episodes start together, so every first turn runs in one batch; a
+later batch waits at most the timeout for the turns still coming (episodes that have ended never come), so live
+episodes stay in lock-step without stalling on finished ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from lit_llm.data.chat_template import (
+    _free_chars,
+    _Renderer,
+    _resolve_template,
+    render_continuation,
+    template_takes_tools,
+)
+from lit_llm.data.history import History
+from lit_llm.data.validation import find_special_tokens
+from lit_llm.objectives.grpo import check_advantage_settings, compute_advantages
+from lit_llm.policy.batching import caller_context, in_context
+from lit_llm.policy.sampling import _splitmix64
+from lit_llm.rewards import TrainerState
+from lit_llm.rollouts.batch import RolloutBatch
+from lit_llm.rollouts.engine import (
+    RolloutEngine,
+    RolloutError,
+    distinct_prompts,
+    policy_responses,
+    read_prompt_batch,
+    row_seeds,
+)
+
+__all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "ENGINE_REASONS", "EPISODE_BATCHING_TIMEOUT",
+           "EPISODE_STAT_KEYS", "EpisodeEngine", "EpisodeRenderer", "Segment", "Trajectory", "run_episode", "turn_seed"]
+
+#: Model turns of an episode when neither ``max_turns`` nor ``max_tool_calling_iterations`` is given.
+DEFAULT_MAX_TURNS = 8
+
+#: Seconds a queued turn waits for the turns of other episodes before its batch runs (the batcher's
+#: ``batching_timeout``; ``min_batch_size`` is the number of episode threads, so a batch starts early only when
+#: every episode's turn is queued, i.e. in the first round). The timeout must exceed the spread of the environment
+#: steps within a round (then every round of turns is one forward batch) and is paid at most once per round once some
+#: episodes have ended. Measured (issue 16) with 32 episodes of 1-6 turns, environment steps
+#: of 0-20 ms, two rollouts each: tiny model -- 1 ms: 27 batches of 7.7 rows, 10 ms: 23 of 9.0, **50 ms: 12 of 17.3
+#: (one batch per round)**, 200 ms: 12 of 17.3 but 2.0 s instead of 0.9 s wall, 1 s: 5.7 s wall; ``min_batch_size=1``
+#: (plain FIFO) at any timeout: ~27 batches of 7.7 rows (each round splits into two alternating halves). Bigger
+#: batches pay on the CPU too: SmolLM2-135M, 16 new tokens, 2 loaded cores, best of 4: ~640 ms per row at 8 rows,
+#: ~430 at 16, ~395 at 32 (wall-clock rollouts of that model on the loaded machine varied 80-265 s run to run, so
+#: only the batch counts are conclusive). 50 ms keeps rounds together for steps up to tens of milliseconds at a cost
+#: of at most 50 ms per round; raise it for slower tools (tools longer than it split a round in two batches).
+EPISODE_BATCHING_TIMEOUT = 0.05
+
+#: Seconds an environment's ``step`` may take before its episode ends (reason ``"step_timeout"``): the engine's own
+#: guard against an environment that hangs (tools have their own ``tool_timeout`` inside the environment).
+DEFAULT_STEP_TIMEOUT = 300.0
+
+#: Keys of each row's dict in :attr:`RolloutBatch.episodes <lit_llm.rollouts.batch.RolloutBatch.episodes>`.
+EPISODE_STAT_KEYS = ("turns", "tool_calls", "tool_errors", "tool_time", "env_time", "generation_time", "truncated",
+                     "reason", "env_reward", "sampled_tokens", "env_tokens", "text")
+
+#: Reasons the engine itself ends an episode (an environment gives its own in ``EnvStep.info["reason"]``).
+ENGINE_REASONS = ("max_turns", "max_episode_tokens", "max_new_tokens", "max_context", "step_timeout", "aborted")
+
+_ENV_ROLES = ("system", "user", "tool")
+_TURN_SALT = 0x5EED_7A5C_0000_0000
+
+
+def turn_seed(row_seed: int, turn: int) -> int:
+    """Sampling seed of model turn ``turn`` of an episode whose row seed is ``row_seed`` (:func:`~lit_llm.rollouts.
+    engine.row_seeds`, mixed from ``(seed, step, rank, prompt, generation)``): turn 0 uses the row seed itself (a
+    one-turn episode samples exactly as :class:`~lit_llm.rollouts.engine.RolloutEngine`), turn ``t > 0``
+    ``splitmix64(row_seed ^ splitmix64(salt + t)) mod 2**63``.
+
+    Returns:
+        An int in ``[0, 2**63)``.
+    """
+    if turn == 0:
+        return int(row_seed)
+    return _splitmix64(int(row_seed) ^ _splitmix64(_TURN_SALT + int(turn))) & ((1 << 63) - 1)
+
+
+# ------------------------------------------------------------------------------------------------------- renders
+class EpisodeRenderer:
+    """Token ids of an episode's renders with one chat template: the first render and the suffixes.
+
+    Args:
+        tokenizer: the policy's (fast) Hugging Face tokenizer.
+        chat_template: as :meth:`lit_llm.data.history.History.apply_chat_template` (``None``: the tokenizer's).
+        chat_template_kwargs: template variables of every render (e.g. ``{"enable_thinking": False}``).
+        tools_prompt: ``fn(tools) -> str``, the system-prompt text describing ``tools`` for templates that do not
+            read ``tools``; default :func:`lit_llm.rollouts.envs.tools_system_prompt` (imported when first needed).
+
+    Raises:
+        ChatTemplateError: an unusable template (a path that does not exist, invalid Jinja).
+    """
+
+    def __init__(self, tokenizer: Any, *, chat_template: Any = None,
+                 chat_template_kwargs: Mapping[str, Any] | None = None,
+                 tools_prompt: Callable[[list], str] | None = None) -> None:
+        self.tokenizer, self.chat_template = tokenizer, chat_template
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.template, self.name = _resolve_template(tokenizer, chat_template, None)
+        self.takes_tools = template_takes_tools(self.template)
+        self.tools_prompt = tools_prompt
+        self._renderers: dict[str, _Renderer] = {}
+        self._lock = threading.Lock()
+        self._tokenizer_lock = threading.RLock()  # fast tokenizers are not safe to call from concurrent threads
+
+    # ---------------------------------------------------------------------------------------------------- tools
+    @staticmethod
+    def tool_schemas(tools: Sequence[Any] | None) -> list[dict]:
+        """JSON schemas of ``tools``: a dict is a schema already, an object with ``.schema`` gives it (``Tool``), a
+        plain callable gets ``transformers.utils.get_json_schema``.
+
+        Raises:
+            RolloutError: an entry that is none of these (names its index).
+        """
+        out = []
+        for i, t in enumerate(tools or ()):
+            if isinstance(t, Mapping):
+                out.append(dict(t))
+            elif getattr(t, "schema", None) is not None:
+                out.append(dict(t.schema))
+            elif callable(t):
+                from transformers.utils import get_json_schema
+
+                out.append(get_json_schema(t))
+            else:
+                raise RolloutError(f"environment tool {i} is {t!r:.80}: give a Tool, a JSON-schema dict or a "
+                                   f"callable with a Google-style docstring.")
+        return out
+
+    def _template_kwargs(self, tools: Sequence[Any] | None) -> dict[str, Any]:
+        schemas = self.tool_schemas(tools)
+        return {**self.chat_template_kwargs, **({"tools": schemas} if schemas and self.takes_tools else {})}
+
+    def _renderer(self, tools: Sequence[Any] | None) -> _Renderer:
+        kwargs = self._template_kwargs(tools)
+        key = json.dumps(kwargs, sort_keys=True, default=repr)
+        with self._lock:
+            r = self._renderers.get(key)
+            if r is None:
+                r = self._renderers[key] = _Renderer(self.tokenizer, self.template, self.name, kwargs)
+            return r
+
+    def prompt_messages(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None
+                        ) -> list[dict]:
+        """The initial messages as the model sees them: unchanged when there is no tool or the template reads
+        ``tools``; otherwise the tools' description (:attr:`tools_prompt`) ends the system message (one is added
+        first when there is none)."""
+        msgs = [dict(m) for m in messages]
+        if not tools or self.takes_tools:
+            return msgs
+        describe = self.tools_prompt
+        if describe is None:
+            from lit_llm.rollouts.envs import tools_system_prompt as describe
+        text = describe(list(tools))
+        if msgs and msgs[0].get("role") == "system":
+            msgs[0]["content"] = f"{msgs[0]['content']}\n\n{text}" if msgs[0]["content"] else text
+            return msgs
+        return [{"role": "system", "content": text}, *msgs]
+
+    # -------------------------------------------------------------------------------------------------- renders
+    def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> Tensor:
+        """``[Lp]`` long: the first render of ``messages`` (already :meth:`prompt_messages`) with the generation
+        prompt, ``tools=`` given to the template when it reads them.
+
+        Raises:
+            InvalidConversationError, SpecialTokenInContentError, ChatTemplateError: as
+                :meth:`History.apply_chat_template` (bad messages, special-token text in content, template errors).
+        """
+        with self._tokenizer_lock:
+            return History.from_chats([dict(m) for m in messages]).apply_chat_template(
+                self.tokenizer, chat_template=self.chat_template, add_generation_prompt=True, return_dict=False,
+                **self._template_kwargs(tools)).long().reshape(-1)
+
+    def suffix_text(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
+        """The text of :meth:`suffix_ids` (special-token strings in content left as text)."""
+        return render_continuation(self._renderer(tools), [dict(m) for m in messages])
+
+    def suffix_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> Tensor:
+        """``[Ls]`` long: the ids of the render of only ``messages`` after an assistant turn, through the next
+        generation prompt, starting right after the turn's stop token (:func:`~lit_llm.data.chat_template.
+        render_continuation`), tokenised on its own.
+
+        Special-token strings inside a message's content (e.g. a tool echoing ``"<|im_end|>"``) stay text: they are
+        tokenised with ``split_special_tokens=True``, never as control tokens (DESIGN.md property 8).
+
+        Raises:
+            ChatTemplateError: the template cannot render ``messages`` after an assistant turn, or drops them (names
+                the template, the roles and the fix).
+        """
+        renderer = self._renderer(tools)
+        msgs = [dict(m) for m in messages]
+        specials = sorted({t for m in msgs for t in find_special_tokens(self.tokenizer, m["content"])},
+                          key=lambda t: (-len(t), t))
+        if not specials:
+            return self._encode(render_continuation(renderer, msgs))
+        holders = _free_chars(renderer, msgs, len(specials))
+        for m in msgs:
+            for s, h in zip(specials, holders):
+                m["content"] = m["content"].replace(s, h)
+        text = render_continuation(renderer, msgs)
+        back = dict(zip(holders, specials))
+        ids: list[int] = []
+        with self._tokenizer_lock:
+            for piece in re.split(f"([{''.join(holders)}])", text):
+                if piece in back:
+                    ids += self.tokenizer(back[piece], add_special_tokens=False,
+                                          split_special_tokens=True)["input_ids"]
+                elif piece:
+                    ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def _encode(self, text: str) -> Tensor:
+        with self._tokenizer_lock:
+            return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+    def decode(self, ids: Sequence[int] | Tensor, *, skip_special_tokens: bool = True) -> str:
+        """``tokenizer.decode`` (thread-safe): a sampled turn's text as the environment reads it."""
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        with self._tokenizer_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+# ---------------------------------------------------------------------------------------------------- trajectory
+class Segment(NamedTuple):
+    """One part of a trajectory's completion: ``source`` ``"model"`` (sampled ids, with their generation-time
+    log-probs) or ``"env"`` (a suffix render; log-probs 0.0). ``ids`` ``[L]`` long, ``log_probs`` ``[L]`` float32."""
+
+    source: Literal["model", "env"]
+    ids: Tensor
+    log_probs: Tensor
+
+
+@dataclass
+class Trajectory:
+    """One episode: the ids the model saw, where each came from, and what happened.
+
+    Attributes:
+        prompt_ids: ``[Lp]`` long, the first render (initial messages + generation prompt).
+        messages: the conversation: the prompt messages (as the model saw them, tool description included), then
+            each assistant turn (``{"role": "assistant", "content": decoded text}``) and each environment message.
+        num_prompt_messages: how many of ``messages`` are the prompt.
+        segments: the completion, in order (:class:`Segment`).
+        env_reward: sum of the environment's step rewards.
+        turns: model turns sampled. tool_calls, tool_errors: summed from ``EnvStep.info``.
+        tool_time: seconds in tools (``EnvStep.info["tool_time"]`` summed). env_time: seconds in ``env.step``.
+        generation_time: seconds this episode waited for its model turns (queueing in the batcher included).
+        done: the environment ended the episode. truncated: the engine ended it (``reason`` says why: one of
+            :data:`ENGINE_REASONS`). reason: why it ended (the environment's ``info["reason"]``, default
+            ``"done"``, or the engine's).
+    """
+
+    prompt_ids: Tensor
+    messages: list[dict]
+    num_prompt_messages: int
+    segments: list[Segment] = field(default_factory=list)
+    env_reward: float = 0.0
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_time: float = 0.0
+    env_time: float = 0.0
+    generation_time: float = 0.0
+    done: bool = False
+    truncated: bool = False
+    reason: str = ""
+
+    def _cat(self, parts: list[Tensor], dtype: torch.dtype) -> Tensor:
+        return torch.cat([p.to(dtype) for p in parts]) if parts else torch.zeros(0, dtype=dtype)
+
+    @property
+    def completion_ids(self) -> Tensor:
+        """``[Lc]`` long: every id after the prompt (sampled and environment ids, in order)."""
+        return self._cat([s.ids for s in self.segments], torch.long)
+
+    @property
+    def loss_mask(self) -> Tensor:
+        """``[Lc]`` bool: True exactly on sampled ids (provenance)."""
+        return self._cat([torch.full((len(s.ids),), s.source == "model") for s in self.segments], torch.bool)
+
+    @property
+    def log_probs(self) -> Tensor:
+        """``[Lc]`` float32: generation-time log-probs on sampled ids, 0.0 on environment ids."""
+        return self._cat([s.log_probs for s in self.segments], torch.float32)
+
+    @property
+    def full_ids(self) -> Tensor:
+        """``[Lp + Lc]`` long: the whole trajectory as the model saw it."""
+        return torch.cat([self.prompt_ids, self.completion_ids])
+
+    @property
+    def completion_messages(self) -> list[dict]:
+        """The messages after the prompt (assistant turns and environment replies)."""
+        return self.messages[self.num_prompt_messages:]
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(len(s.ids) for s in self.segments if s.source == "model")
+
+    @property
+    def num_env_tokens(self) -> int:
+        return sum(len(s.ids) for s in self.segments if s.source == "env")
+
+    def text(self, tokenizer: Any) -> str:
+        """The completion as the model saw it (special tokens kept, so turns stay visible); ``tokenizer`` is a
+        tokenizer or an :class:`EpisodeRenderer`."""
+        if isinstance(tokenizer, EpisodeRenderer):
+            return tokenizer.decode(self.completion_ids, skip_special_tokens=False)
+        return tokenizer.decode(self.completion_ids.tolist(), skip_special_tokens=False)
+
+    def stats(self, tokenizer: Any) -> dict[str, Any]:
+        """The per-episode statistics (:data:`EPISODE_STAT_KEYS`) of :attr:`RolloutBatch.episodes`."""
+        return {"turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
+                "tool_time": self.tool_time, "env_time": self.env_time, "generation_time": self.generation_time,
+                "truncated": self.truncated, "reason": self.reason, "env_reward": self.env_reward,
+                "sampled_tokens": self.num_sampled_tokens, "env_tokens": self.num_env_tokens,
+                "text": self.text(tokenizer)}
+
+
+# ------------------------------------------------------------------------------------------------------ episodes
+Generate = Callable[[Tensor, "int | None"], tuple[Tensor, Tensor, bool]]
+
+
+def _env_name(env: Any) -> str:
+    return type(env).__name__
+
+
+def _check_messages(messages: Any, env: Any, what: str, roles: Sequence[str]) -> list[dict]:
+    if not isinstance(messages, (list, tuple)) or not all(
+            isinstance(m, Mapping) and m.get("role") in roles and isinstance(m.get("content"), str)
+            for m in messages):
+        raise RolloutError(f"environment {_env_name(env)}.{what} must return a list of messages "
+                           f"{{'role': one of {list(roles)}, 'content': str}}, got {messages!r:.200}.")
+    return [dict(m) for m in messages]
+
+
+def _step(env: Any, messages: list[dict], timeout: float | None) -> Any:
+    """``env.step(messages)``, or ``None`` when it has not returned within ``timeout`` seconds (it keeps running on
+    an abandoned daemon thread)."""
+    if timeout is None:
+        return env.step(messages)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["out"] = env.step(messages)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the episode's thread
+            box["err"] = e
+
+    thread = threading.Thread(target=target, name="lit_llm-env-step", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return None
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, generate: Generate,
+                max_turns: int = DEFAULT_MAX_TURNS, max_episode_tokens: int | None = None,
+                max_input_length: int | None = None, seed: int | None = None,
+                step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
+                stop: threading.Event | None = None) -> Trajectory:
+    """Run one episode of ``env`` on dataset row ``row`` and return its :class:`Trajectory` (token-in / token-out).
+
+    Loop: ``reset(row)`` -> first render; then per model turn: ``generate(trajectory so far, turn seed)`` -> the
+    sampled ids are appended as they are; the turn's decoded text (``skip_special_tokens=True``) is appended to the
+    conversation as an assistant message and ``env.step(conversation)`` answers; its new messages are appended as a
+    suffix render (:meth:`EpisodeRenderer.suffix_ids`). The episode ends when:
+
+    * the environment says ``done`` (its ``info["reason"]``, default ``"done"``; not truncated; messages returned
+      with ``done`` are not rendered: no model turn follows);
+    * ``max_turns`` model turns were sampled and the last step is not ``done`` (``"max_turns"``; that step's
+      messages are dropped);
+    * a turn hit the generate version's ``max_new_tokens`` without a stop token (``"max_new_tokens"``; the
+      environment is not stepped: the turn has no end to append a suffix after);
+    * the completion would exceed ``max_episode_tokens`` ids (sampled + environment): a turn is cut to the budget
+      (a prefix of the sampled ids), a suffix that leaves no room for one more sampled id is dropped
+      (``"max_episode_tokens"``);
+    * the next turn's input would exceed ``max_input_length`` (``"max_context"``; the suffix is dropped);
+    * ``env.step`` did not return within ``step_timeout`` seconds (``"step_timeout"``; reward of that step 0);
+    * ``stop`` was set (another episode failed; ``"aborted"``).
+
+    So a trajectory always ends with a sampled turn. The engine's reasons set ``truncated`` (the objective's
+    ``mask_truncated_completions`` can drop such episodes). ``env.close()`` is called at the end (not after a step
+    timeout: the abandoned step may still use the environment).
+
+    Args:
+        env: an environment (``reset``, ``step``, optional ``tools`` and ``close``), used from this thread only.
+        row: the dataset row (``"prompt"`` and the other columns) passed to ``env.reset``.
+        renderer: the chat-template renders.
+        generate: ``fn(ids [L] long, seed or None) -> (sampled ids [S] long, log-probs [S] float32, truncated)``
+            (one row of the generate version).
+        max_turns: model turns at most (>= 1).
+        max_episode_tokens: completion ids at most (sampled + environment), ``None``: no budget.
+        max_input_length: longest input ``generate`` accepts (the context minus ``max_new_tokens``), ``None``: any.
+        seed: the episode's row seed (turn ``t`` samples with :func:`turn_seed`), ``None``: the global RNG.
+        step_timeout: seconds ``env.step`` may take, ``None``: no limit.
+        stop: ends the episode at its next turn when set.
+
+    Returns:
+        The :class:`Trajectory`.
+
+    Raises:
+        RolloutError: ``env.reset`` / ``env.step`` raised or returned something that is not messages / an EnvStep,
+            a non-finite reward, a first render that leaves no room to generate (the message names the
+            environment and the fix).
+        ChatTemplateError: the template cannot render the environment's messages after a turn.
+        Exception: whatever ``generate`` raised.
+    """
+    timed_out = False
+    try:
+        traj = _first_render(env, row, renderer, max_input_length)
+        prompt, length = traj.prompt_ids, traj.prompt_ids.numel()  # length: of the trajectory so far
+
+        def end(reason: str) -> None:
+            traj.truncated, traj.reason = True, reason
+
+        tools = list(getattr(env, "tools", None) or [])
+        name = _env_name(env)
+        for turn in range(max_turns):
+            if stop is not None and stop.is_set():
+                end("aborted")
+                break
+            t0 = time.perf_counter()
+            ids, lps, cut = generate(traj.full_ids if traj.segments else prompt,
+                                     None if seed is None else turn_seed(seed, turn))
+            traj.generation_time += time.perf_counter() - t0
+            ids, lps = ids.reshape(-1).long().cpu(), lps.reshape(-1).float().cpu()
+            room = None if max_episode_tokens is None else max_episode_tokens - (length - prompt.numel())
+            over = room is not None and ids.numel() > room
+            if over:
+                ids, lps = ids[:room], lps[:room]
+            traj.segments.append(Segment("model", ids, lps))
+            traj.turns += 1
+            length += ids.numel()
+            text = renderer.decode(ids)
+            traj.messages.append({"role": "assistant", "content": text})
+            if over:
+                end("max_episode_tokens")
+                break
+            if cut:
+                end("max_new_tokens")
+                break
+            t1 = time.perf_counter()
+            try:
+                step = _step(env, [dict(m) for m in traj.messages], step_timeout)
+            except Exception as e:
+                raise RolloutError(f"environment {name}.step raised {type(e).__name__}: {e} (environments report "
+                                   f"tool and model-output errors as messages; an exception is a bug of the "
+                                   f"environment)") from e
+            traj.env_time += time.perf_counter() - t1
+            if step is None:
+                timed_out = True
+                end("step_timeout")
+                break
+            _record_step(traj, step, env)
+            if step.done:
+                traj.done, traj.reason = True, str(step.info.get("reason", "done") if step.info else "done")
+                break
+            if turn == max_turns - 1:
+                end("max_turns")
+                break
+            new = _check_messages(step.messages, env, "step", _ENV_ROLES)
+            suffix = renderer.suffix_ids(new, tools)
+            if max_episode_tokens is not None and length - prompt.numel() + suffix.numel() >= max_episode_tokens:
+                end("max_episode_tokens")
+                break
+            if max_input_length is not None and length + suffix.numel() > max_input_length:
+                end("max_context")
+                break
+            traj.messages.extend(new)
+            if suffix.numel():  # a template may render nothing (Llama-2 after a turn without a new message)
+                traj.segments.append(Segment("env", suffix, torch.zeros(suffix.numel(), dtype=torch.float32)))
+            length += suffix.numel()
+    finally:
+        if not timed_out and callable(getattr(env, "close", None)):
+            env.close()
+    return traj
+
+
+def _first_render(env: Any, row: Mapping[str, Any], renderer: EpisodeRenderer,
+                  max_input_length: int | None) -> Trajectory:
+    """``env.reset(row)`` rendered: the trajectory of an episode before its first turn."""
+    name = _env_name(env)
+    try:
+        initial = env.reset(row)
+    except Exception as e:
+        raise RolloutError(f"environment {name}.reset raised {type(e).__name__}: {e}") from e
+    initial = _check_messages(initial, env, "reset", ("system", "user", "assistant", "tool"))
+    if not initial:
+        raise RolloutError(f"environment {name}.reset returned no message; return the episode's first messages.")
+    tools = list(getattr(env, "tools", None) or [])
+    messages = renderer.prompt_messages(initial, tools)
+    prompt = renderer.prompt_ids(messages, tools)
+    if prompt.numel() == 0 or (max_input_length is not None and prompt.numel() > max_input_length):
+        raise RolloutError(f"environment {name}: the first render of the row with prompt {row.get('prompt')!r:.80} "
+                           f"has {prompt.numel()} tokens, leaving no room to generate (longest input "
+                           f"{max_input_length} = the context minus max_new_tokens). Shorten the prompt or lower "
+                           f"max_new_tokens.")
+    return Trajectory(prompt_ids=prompt, messages=messages, num_prompt_messages=len(messages))
+
+
+def _record_step(traj: Trajectory, step: Any, env: Any) -> None:
+    if not all(hasattr(step, k) for k in ("messages", "reward", "done")):
+        raise RolloutError(f"environment {_env_name(env)}.step must return an EnvStep (messages, reward, done, "
+                           f"info), got {step!r:.120}.")
+    try:
+        reward = float(step.reward)
+    except (TypeError, ValueError):
+        reward = math.nan
+    if not math.isfinite(reward):
+        raise RolloutError(f"environment {_env_name(env)}.step returned the reward {step.reward!r}; rewards must be "
+                           f"finite numbers.")
+    traj.env_reward += reward
+    info = getattr(step, "info", None) or {}
+    traj.tool_calls += int(info.get("tool_calls", 0))
+    traj.tool_errors += int(info.get("tool_errors", 0))
+    traj.tool_time += float(info.get("tool_time", 0.0))
+
+
+# -------------------------------------------------------------------------------------------------------- engine
+def _positive(name: str, value: Any, *, kind: type = int, optional: bool = True, minimum: float = 1) -> None:
+    if value is None and optional:
+        return
+    ok = not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
+    if not ok or not math.isfinite(value) or value < minimum:
+        raise RolloutError(f"{name} must be {'a number' if kind is float else 'an int'} >= {minimum}"
+                           f"{' or None' if optional else ''}, got {value!r}.")
+
+
+class EpisodeEngine(RolloutEngine):
+    """Multi-turn GRPO rollouts: ``num_generations`` episodes per prompt with an environment, token-in / token-out.
+
+    Same public surface as :class:`~lit_llm.rollouts.engine.RolloutEngine` (:meth:`rollout`, :meth:`load_weights`,
+    :attr:`version`, :attr:`model`, :attr:`num_policy_calls`, :attr:`seed`, :attr:`rank`), so the GRPO module, the
+    version switch and :class:`~lit_llm.rollouts.producer.AsyncRollouts` drive it unchanged.
+
+    Rewards: the episode's environment reward (sum of its steps' rewards) is the reward named ``"env"``; with
+    ``reward_fn`` (TRL signature: ``prompts`` = each episode's prompt messages, ``completions`` = its messages after
+    the prompt, ``completion_ids`` = its completion ids, sampled and environment), its functions are added: ``total =
+    env_reward_weight * env + reward_fn total``. Advantages are group-relative over the ``num_generations`` episodes
+    of a prompt (:func:`~lit_llm.objectives.compute_advantages`, every option).
+
+    Args:
+        policy: the generate version (tokens mode, log-probs), as for :class:`RolloutEngine`.
+        tokenizer: the policy's fast tokenizer.
+        env_factory: ``fn() -> Environment``, called once per episode (e.g. from
+            :func:`lit_llm.rollouts.envs.resolve_environment`; a class works too).
+        num_generations: episodes per prompt ``G`` (>= 2).
+        reward_fn: optional extra reward functions over whole episodes (e.g. :class:`lit_llm.rewards.
+            RewardFunctions`).
+        env_reward_weight: weight of the ``"env"`` reward in the total.
+        max_turns: model turns per episode at most (default :data:`DEFAULT_MAX_TURNS`).
+        max_tool_calling_iterations: TRL's name: environment replies at most, i.e. ``max_turns = k + 1``.
+        max_episode_tokens: completion ids per episode at most (sampled + environment), ``None``: no budget (the
+            context still bounds it). Also :attr:`max_completion_length`, ``dr_grpo``'s constant.
+        tool_timeout: seconds per tool call, set as the ``tool_timeout`` attribute of each environment that has one
+            (:class:`~lit_llm.rollouts.envs.ToolEnv`); ``None`` keeps the environment's own.
+        step_timeout: seconds one ``env.step`` may take before its episode ends (``"step_timeout"``).
+        batching_timeout: seconds a queued turn waits for other episodes' turns (:data:`EPISODE_BATCHING_TIMEOUT`).
+        max_batch_size: most rows per shared forward pass (``None``: every queued turn).
+        tools_prompt: describes tools in the system prompt for templates without ``tools`` (see
+            :class:`EpisodeRenderer`).
+        scale_rewards, advantage_estimator, seed, chat_template, chat_template_kwargs, version, rank,
+            trainer_state_fn: as :class:`RolloutEngine`.
+        batching: run the episodes concurrently, one thread each, served by the batcher; ``False``: one after the
+            other with direct calls (bit-reproducible with ``seed``).
+        num_workers: episode threads at most (``None``: one per episode).
+
+    Raises:
+        RolloutError: a setting out of range, ``max_turns`` and ``max_tool_calling_iterations`` that disagree, an
+            ``env_factory`` that is not callable, a policy that is not a tokens-mode generate version.
+    """
+
+    def __init__(self, policy: Any, *, tokenizer: Any, env_factory: Callable[[], Any], num_generations: int,
+                 reward_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None,
+                 env_reward_weight: float = 1.0, max_turns: int | None = None,
+                 max_tool_calling_iterations: int | None = None, max_episode_tokens: int | None = None,
+                 tool_timeout: float | None = None, step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
+                 batching_timeout: float = EPISODE_BATCHING_TIMEOUT, max_batch_size: int | None = None,
+                 tools_prompt: Callable[[list], str] | None = None,
+                 scale_rewards: Literal["group", "batch", "none"] = "group", seed: int | None = 0,
+                 chat_template: Any = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+                 batching: bool = True, num_workers: int | None = None, version: int = 0, rank: int = 0,
+                 trainer_state_fn: Callable[[], TrainerState] | None = None,
+                 advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus"] = "grpo") -> None:
+        super().__init__(policy, tokenizer=tokenizer, reward_fn=reward_fn, num_generations=num_generations,
+                         scale_rewards=scale_rewards, seed=seed, chat_template=chat_template,
+                         chat_template_kwargs=chat_template_kwargs, batching=batching, num_workers=num_workers,
+                         version=version, rank=rank, trainer_state_fn=trainer_state_fn,
+                         advantage_estimator=advantage_estimator)
+        try:
+            check_advantage_settings(num_generations, scale_rewards, advantage_estimator)
+        except ValueError as e:
+            raise RolloutError(str(e)) from e
+        if not callable(env_factory):
+            raise RolloutError(f"env_factory must be a callable returning a fresh environment per episode (e.g. "
+                               f"resolve_environment('calculator') or the class itself), got {env_factory!r:.80}.")
+        _positive("max_turns", max_turns)
+        _positive("max_tool_calling_iterations", max_tool_calling_iterations, minimum=0)
+        if max_tool_calling_iterations is not None:
+            if max_turns is not None and max_turns != max_tool_calling_iterations + 1:
+                raise RolloutError(f"max_turns={max_turns} and max_tool_calling_iterations="
+                                   f"{max_tool_calling_iterations} disagree (max_turns = iterations + 1: the model "
+                                   f"answers once more after the last environment reply); set only one.")
+            max_turns = max_tool_calling_iterations + 1
+        _positive("max_episode_tokens", max_episode_tokens)
+        _positive("tool_timeout", tool_timeout, kind=float, minimum=1e-9)
+        _positive("step_timeout", step_timeout, kind=float, minimum=1e-9)
+        _positive("batching_timeout", batching_timeout, kind=float, optional=False, minimum=1e-9)
+        _positive("max_batch_size", max_batch_size)
+        if isinstance(env_reward_weight, bool) or not isinstance(env_reward_weight, (int, float)) \
+                or not math.isfinite(env_reward_weight):
+            raise RolloutError(f"env_reward_weight must be a finite number, got {env_reward_weight!r}.")
+        self.env_factory = env_factory
+        self.env_reward_weight = float(env_reward_weight)
+        self.max_turns = DEFAULT_MAX_TURNS if max_turns is None else int(max_turns)
+        self.max_episode_tokens = max_episode_tokens
+        self.tool_timeout, self.step_timeout = tool_timeout, step_timeout
+        self.batching_timeout, self.max_batch_size = float(batching_timeout), max_batch_size
+        self.renderer = EpisodeRenderer(tokenizer, chat_template=chat_template,
+                                        chat_template_kwargs=chat_template_kwargs, tools_prompt=tools_prompt)
+        context = getattr(getattr(getattr(policy, "model", None), "config", None), "max_position_embeddings", None)
+        self.max_input_length = None if context is None else int(context) - self.max_new_tokens
+
+    @property
+    def max_completion_length(self) -> int | None:
+        """The longest completion of an episode (``max_episode_tokens``): ``dr_grpo``'s constant denominator."""
+        return self.max_episode_tokens
+
+    # ------------------------------------------------------------------------------------------------ setup
+    def make_env(self) -> Any:
+        """A fresh environment from :attr:`env_factory`, with :attr:`tool_timeout` set when it has that attribute.
+
+        Raises:
+            RolloutError: the factory raised.
+        """
+        try:
+            env = self.env_factory()
+        except Exception as e:
+            raise RolloutError(f"env_factory {self.env_factory!r:.80} raised {type(e).__name__}: {e}") from e
+        if self.tool_timeout is not None and hasattr(env, "tool_timeout"):
+            env.tool_timeout = self.tool_timeout
+        return env
+
+    def check_columns(self, columns: Sequence[str], *, source: str = "the dataset", env: Any = None) -> None:
+        """Check that the prompt rows hold every column the environment's ``reset`` needs (``required_columns``).
+
+        Raises:
+            RolloutError: naming the environment, the missing columns and ``source``'s columns.
+        """
+        env = self.make_env() if env is None else env
+        have = {"prompt", "sample_id", *columns}
+        missing = [c for c in getattr(env, "required_columns", ()) or () if c not in have]
+        if missing:
+            raise RolloutError(f"environment {_env_name(env)} needs the column(s) {missing}, but {source} has only "
+                               f"{sorted(have)}. Add them to the dataset or rename a column (data.rename_columns).")
+
+    # ---------------------------------------------------------------------------------------------- episodes
+    def _generator(self, policy: Any, order: int | None) -> Generate:
+        def generate(ids: Tensor, seed: int | None) -> tuple[Tensor, Tensor, bool]:
+            with self._lock:
+                self.num_policy_calls += 1
+            seeds = None if seed is None else torch.tensor([seed], dtype=torch.long)
+            resp, lps, cut = policy_responses(policy, [ids], seeds=seeds, batch_order=order)
+            return resp[0], lps[0], cut[0]
+        return generate
+
+    def run_episodes(self, envs: Sequence[Any], rows: Sequence[Mapping[str, Any]],
+                     seeds: Sequence[int] | None = None) -> list[Trajectory]:
+        """Run episode ``i`` of ``envs[i]`` on ``rows[i]`` (seed ``seeds[i]``) for every ``i``.
+
+        With :attr:`batching`, one thread per episode (at most :attr:`num_workers`), every turn through the batching
+        version of the policy (``min_batch_size`` = the threads, ``batching_timeout`` = :attr:`batching_timeout`,
+        ``batch_order`` = the episode index); otherwise one episode after the other with direct calls.
+
+        Raises:
+            The first error of an episode (the others then end at their next turn, reason ``"aborted"``), with a
+            note naming the episode.
+        """
+        n = len(envs)
+        workers = min(self.num_workers or n, n)
+        batched = self.batching and workers > 1
+        policy = self.policy
+        if batched:
+            size = workers if self.max_batch_size is None else min(workers, self.max_batch_size)
+            policy = self.batched_policy(size, timeout=self.batching_timeout, max_batch_size=self.max_batch_size)
+        device_type = policy.device.type
+        context = caller_context(device_type)
+        stop = threading.Event()
+        errors: list[tuple[int, BaseException]] = []
+
+        def one(i: int) -> Trajectory | None:
+            if stop.is_set():
+                return None
+            try:
+                with in_context(context, device_type):
+                    return run_episode(envs[i], rows[i], renderer=self.renderer,
+                                       generate=self._generator(policy, i if batched else None),
+                                       max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens,
+                                       max_input_length=self.max_input_length,
+                                       seed=None if seeds is None else int(seeds[i]), step_timeout=self.step_timeout,
+                                       stop=stop)
+            except BaseException as e:  # noqa: BLE001 - raised below, after the other episodes stop
+                stop.set()
+                errors.append((i, e))
+                return None
+
+        if batched:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lit_llm-episode") as pool:
+                results = list(pool.map(one, range(n)))
+        else:
+            results = [one(i) for i in range(n)]
+        if errors:
+            i, err = errors[0]
+            err.add_note(f"in episode {i} of the rollout (prompt {i // self.num_generations}, generation "
+                         f"{i % self.num_generations})")
+            raise err
+        return results  # type: ignore[return-value]
+
+    # ---------------------------------------------------------------------------------------------- rollouts
+    def rollout(self, batch: Mapping[str, Any], *, step: int = 0, version: int | None = None,
+                trainer_state: TrainerState | None = None) -> RolloutBatch:
+        """Run ``P * num_generations`` episodes and build their :class:`RolloutBatch`.
+
+        Args:
+            batch: the prompt batch: ``"prompt"`` (``P`` entries), optional ``"sample_id"`` and dataset columns
+                (lists of ``P``); each episode's ``env.reset`` gets the row ``{"prompt": ..., "sample_id": ...,
+                **columns}``. ``"prompt_ids"`` is ignored (the environment's first messages are rendered).
+            step: the training step (mixed into the per-row seeds). version, trainer_state: as
+                :meth:`RolloutEngine.rollout`.
+
+        Returns:
+            A :class:`RolloutBatch` (``N = P * G`` rows): ``prompt_ids`` the first renders, ``completion_ids`` the
+            rest of each trajectory, ``loss_mask`` the sampled ids, ``old_log_probs`` / ``rollout_log_probs``
+            generation-time log-probs (0.0 on environment ids), ``truncated`` the engine's endings, ``rewards``
+            ``"env"`` plus ``reward_fn``'s, ``completion`` the episode text (special tokens kept),
+            ``generation_time`` the wall time of the episodes, ``episodes`` the per-episode statistics
+            (:data:`EPISODE_STAT_KEYS`).
+
+        Raises:
+            RolloutError: a bad prompt batch, an environment missing columns or failing (names it), a reward
+                function named ``"env"``.
+            lit_llm.rewards.RewardError: a reward function raised or returned NaN / the wrong length.
+        """
+        prompts, sample_ids, columns = read_prompt_batch(batch)
+        n_prompts, g = len(prompts), self.num_generations
+        if trainer_state is None:
+            trainer_state = self.current_trainer_state(step)
+        rows = [{"prompt": prompts[k], "sample_id": sample_ids[k], **{c: v[k] for c, v in columns.items()}}
+                for k in range(n_prompts)]
+        first = self.make_env()
+        try:
+            self.check_columns(list(columns), source="the prompt batch", env=first)
+        except RolloutError:
+            if callable(getattr(first, "close", None)):
+                first.close()
+            raise
+        envs = [first, *(self.make_env() for _ in range(n_prompts * g - 1))]
+        seeds = None if self.seed is None else row_seeds(self.seed, step, self.rank, n_prompts, g).tolist()
+
+        t0 = time.perf_counter()
+        trajs = self.run_episodes(envs, [rows[i // g] for i in range(len(envs))], seeds)
+        gen_time = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        env_reward = torch.tensor([t.env_reward for t in trajs], dtype=torch.float32)
+        per_fn = {"env": env_reward}
+        total = self.env_reward_weight * env_reward
+        if self.reward_fn is not None:
+            rep_columns = {k: [v for v in col for _ in range(g)] for k, col in columns.items()}
+            fn_total, fn_rewards = self.reward_fn(
+                prompts=[t.messages[:t.num_prompt_messages] for t in trajs],
+                completions=[t.completion_messages for t in trajs],
+                completion_ids=[t.completion_ids.tolist() for t in trajs], trainer_state=trainer_state,
+                **rep_columns)
+            if "env" in fn_rewards:
+                raise RolloutError("a reward function is named 'env', the name of the environment's reward; rename "
+                                   "it.")
+            per_fn.update(fn_rewards)
+            total = total + torch.as_tensor(fn_total, dtype=torch.float32).reshape(-1)
+        advantages, stats = compute_advantages(total, g, scale_rewards=self.scale_rewards,
+                                               advantage_estimator=self.advantage_estimator)
+        reward_time = time.perf_counter() - t1
+
+        unique, prompt_index = distinct_prompts([t.prompt_ids for t in trajs])
+        return RolloutBatch.from_rows(
+            prompts=unique, prompt_index=prompt_index, completions=[t.completion_ids for t in trajs],
+            old_log_probs=[t.log_probs for t in trajs], loss_masks=[t.loss_mask for t in trajs], reward=total,
+            advantage=advantages, truncated=[t.truncated for t in trajs],
+            group=torch.arange(n_prompts).repeat_interleave(g),
+            policy_version=self.version if version is None else version, pad_token_id=self.pad_token_id,
+            rewards=per_fn, sample_id=[s for s in sample_ids for _ in range(g)],
+            completion=[t.text(self.tokenizer) for t in trajs], generation_time=gen_time, reward_time=reward_time,
+            frac_reward_zero_std=float(stats["frac_reward_zero_std"]),
+            episodes=[t.stats(self.tokenizer) for t in trajs])
