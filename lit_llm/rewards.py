@@ -243,6 +243,35 @@ def concise_number_reward(prompts: list, completions: list, completion_ids: list
 
 
 @requires_columns("answer")
+def bare_number_closeness_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,
+                                 ) -> list[float | None]:
+    """Format reward graded by closeness: for a completion that is exactly an integer ``x`` (stripped, ``-?\\d+``),
+    ``max(0, 1 - |x - a| / max(|a|, 1))`` with ``a`` the integer in column ``answer``; 0.0 for any other completion;
+    ``None`` where the answer is missing or not a number.
+
+    ``"82"`` for 82 -> 1.0, ``"80"`` -> 1 - 2/82 = 0.9756, ``"41"`` -> 0.5, ``"192"`` -> 0.0, ``"43 + 39 = 82"`` ->
+    0.0. Unlike :func:`strict_number_format_reward` (1.0 for *any* bare integer, which the policy can satisfy with
+    wrong numbers: format-only reward hacking), a bare number far from the answer earns nothing, and among bare numbers
+    the nearer one ranks higher, so the reward that teaches the format also points toward the right number.
+
+    Raises:
+        ValueError: the ``answer`` column is missing or has the wrong length.
+    """
+    answers = _column(kwargs, "answer", len(completions), "bare_number_closeness_reward")
+    out: list[float | None] = []
+    for c, ref in zip(completions, answers):
+        text, target = completion_text(c).strip(), _reference(ref)
+        if target is None:
+            out.append(None)
+        elif _INTEGER.fullmatch(text) is None:
+            out.append(0.0)
+        else:
+            got = normalize_number(text)
+            out.append(max(0.0, 1.0 - float(abs(got - target)) / max(float(abs(target)), 1.0)))
+    return out
+
+
+@requires_columns("answer")
 def strict_arithmetic_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,
                              ) -> list[float | None]:
     """Strict accuracy: 1.0 if the stripped completion is exactly the integer in column ``answer``, else 0.0;
@@ -383,8 +412,8 @@ def tool_call_format_reward(prompts: list, completions: list, completion_ids: li
 
 def builtin_rewards() -> dict[str, RewardFn]:
     """The reward functions shipped in this module, by name (what a bare name in ``reward_funcs`` may be)."""
-    fns = (arithmetic_answer_reward, concise_number_reward, gsm8k_answer_reward, strict_arithmetic_reward,
-           strict_number_format_reward, tool_call_format_reward)
+    fns = (arithmetic_answer_reward, bare_number_closeness_reward, concise_number_reward, gsm8k_answer_reward,
+           strict_arithmetic_reward, strict_number_format_reward, tool_call_format_reward)
     return {fn.__name__: fn for fn in fns}
 
 

@@ -19,6 +19,7 @@ from lit_llm.rewards import (
     RewardFunctions,
     TrainerState,
     arithmetic_answer_reward,
+    bare_number_closeness_reward,
     builtin_rewards,
     concise_number_reward,
     extract_gsm8k_answer,
@@ -33,12 +34,14 @@ from lit_llm.rewards import (
     tool_call_format_reward,
 )
 
-BUILTINS = ["arithmetic_answer_reward", "concise_number_reward", "gsm8k_answer_reward", "strict_arithmetic_reward",
+BUILTINS = ["arithmetic_answer_reward", "bare_number_closeness_reward", "concise_number_reward", "gsm8k_answer_reward",
+            "strict_arithmetic_reward",
             "strict_number_format_reward", "tool_call_format_reward"]
 # The answer / number-format built-ins the audits below run on bare text prompts (the tool reward needs known tools:
 # its own tests are at the end of this file).
 TEXT_BUILTINS = [n for n in BUILTINS if n != "tool_call_format_reward"]
-ANSWER_REWARDS = [arithmetic_answer_reward, gsm8k_answer_reward, strict_arithmetic_reward]
+ANSWER_REWARDS = [arithmetic_answer_reward, bare_number_closeness_reward, gsm8k_answer_reward,
+                  strict_arithmetic_reward]
 
 
 def chat(text):
@@ -255,7 +258,8 @@ def test_builtin_names_resolve_and_unknown_names_list_them():
     assert sorted(builtin_rewards()) == BUILTINS
     assert resolve_reward("strict_arithmetic_reward") is strict_arithmetic_reward
     assert RewardFunctions(["gsm8k_answer_reward"]).funcs == [gsm8k_answer_reward]
-    listed = r"Built-in reward functions: \['arithmetic_answer_reward', 'concise_number_reward', " \
+    listed = r"Built-in reward functions: \['arithmetic_answer_reward', 'bare_number_closeness_reward', " \
+             r"'concise_number_reward', " \
              r"'gsm8k_answer_reward', 'strict_arithmetic_reward', 'strict_number_format_reward', " \
              r"'tool_call_format_reward'\]"
     with pytest.raises(RewardError, match=r"Unknown reward function 'accuracy_reward' \(a reward_funcs / "
@@ -382,7 +386,8 @@ def test_required_columns_from_signatures_and_declarations():
     assert required_columns(Scorer()) == ("ground_truth",)
     assert required_columns(len) == ()  # no signature to read
     assert {n: required_columns(f) for n, f in builtin_rewards().items()} == {
-        "arithmetic_answer_reward": ("answer",), "concise_number_reward": (), "gsm8k_answer_reward": ("answer",),
+        "arithmetic_answer_reward": ("answer",), "bare_number_closeness_reward": ("answer",),
+        "concise_number_reward": (), "gsm8k_answer_reward": ("answer",),
         "strict_arithmetic_reward": ("answer",), "strict_number_format_reward": (), "tool_call_format_reward": ()}
 
 
@@ -497,3 +502,12 @@ def test_tool_call_format_reward_errors():
     assert resolve_reward("tool_call_format_reward") is tool_call_format_reward
     total, per_fn = RewardFunctions(["tool_call_format_reward"])([TOOLS_PROMPT] * 2, [call(), "6"], None)
     assert total.tolist() == [1.0, 0.0]
+
+
+def test_bare_number_closeness_reward_exact_values():
+    # 1 - |x - a| / max(|a|, 1) for a bare integer, clipped at 0; 0 for anything that is not a bare integer.
+    completions = ["82", "80", "41", "192", "43 + 39 = 82", " 82\n", "82.", "-82", "0", "3"]
+    answers = ["82"] * 8 + ["0", "0"]
+    got = bare_number_closeness_reward([], completions, None, answer=answers)
+    assert got == [1.0, 1.0 - 2 / 82, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    assert bare_number_closeness_reward([], [chat("85"), "7"], None, answer=["-10", None]) == [0.0, None]
