@@ -39,6 +39,15 @@ One training batch = the prompts of one optimizer step (:mod:`lit_llm.lightning.
    ``rollout/tokens_per_sec`` and the ratio min/max are rank 0's (docs/distributed.md).
 
 Validation = greedy evaluation on the held-out prompts (:class:`~lit_llm.lightning.grpo_eval.GreedyEvaluation`).
+
+**Multi-turn, tool-using episodes** (``environment`` set, issue 16): the engine is an
+:class:`~lit_llm.rollouts.EpisodeEngine` (sync and async: the producer builds one over its copy of the weights), a
+rollout row is a whole episode (the completion = every id after the first render, ``loss_mask`` = the sampled ids),
+the reward ``env_reward_weight * env`` plus the optional ``reward_funcs`` (which also get a ``tools`` column); every
+option above applies per episode. Extra per-step metrics (:mod:`lit_llm.lightning.episode_metrics`):
+``train/episodes/*`` (turns, tool calls and success rate, truncation by reason, sampled / environment tokens),
+``train/reward_by_turns/<k>``, ``time/tools``, ``time/env``, ``time/episode_generation``; the samples table shows
+whole episodes; validation runs greedy episodes (``eval/env_reward``, ``eval/tool_call_rate``, ``eval/turns``).
 """
 
 from __future__ import annotations
@@ -68,7 +77,7 @@ from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutEngine
 from lit_llm.rollouts.engine import RESERVED_KEYS, _mix_seed
 from lit_llm.rollouts.envs import resolve_environment
 
-__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_old_log_probs"]
+__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_old_log_probs", "environment_hparam"]
 
 #: Shaped arithmetic reward (the base model rarely answers with just the number: format + answer).
 DEFAULT_REWARDS = ("lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
@@ -78,6 +87,18 @@ RewardSpec = str | Callable[..., Any]
 #: An environment spec (:func:`~lit_llm.rollouts.envs.resolve_environment`): a built-in name, an import path, a
 #: ``{"class_path": ..., "init_args": {...}}`` dict (or, in Python, a class or factory).
 EnvironmentSpec = str | dict[str, Any]
+
+
+def environment_hparam(spec: Any) -> Any:
+    """``spec`` as the module's ``environment`` hyperparameter: a class or function (also a dict's ``class_path``)
+    becomes its import path ``"module:QualifiedName"``, so checkpoints hold plain data (Lightning loads them with
+    ``weights_only``); strings, dicts of strings and objects without an importable name (local classes) are kept."""
+    if isinstance(spec, dict):
+        return {**spec, "class_path": environment_hparam(spec["class_path"])} if "class_path" in spec else spec
+    qualname, module = getattr(spec, "__qualname__", None), getattr(spec, "__module__", None)
+    if isinstance(spec, str) or not qualname or not module or "<locals>" in qualname:
+        return spec
+    return f"{module}:{qualname}"
 
 
 def check_old_log_probs(old_log_probs: str, rollout_correction: str, rollout_mode: str) -> None:
@@ -290,6 +311,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         self.eval_max_new_tokens = eval_max_new_tokens or max_new_tokens
         self.environment = environment
         self.env_factory = None if environment is None else resolve_environment(environment)
+        if environment is not None:  # checkpoints hold an import path, not a class (resume loads weights_only)
+            self.hparams["environment"] = environment_hparam(environment)
         if reward_funcs is None:
             reward_funcs = DEFAULT_REWARDS if environment is None else []
         if environment is None or list(reward_funcs):

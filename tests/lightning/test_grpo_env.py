@@ -12,9 +12,10 @@ import pytest
 import torch
 from episode_models import CapitalAfterToolEnv, key_rows, save_tiny_with_stops, write_rows
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from lit_llm.lightning.grpo import DEFAULT_REWARDS, GRPOModule
+from lit_llm.lightning.grpo import DEFAULT_REWARDS, GRPOModule, environment_hparam
 from lit_llm.lightning.grpo_data import GRPODataModule, collate_prompts
 from lit_llm.objectives.grpo import compute_advantages
 from lit_llm.rewards import resolve_reward
@@ -249,3 +250,38 @@ def test_guess_number_multi_turn_with_user_feedback(stops_model):
             assert "<|im_start|>user\n" in rb.completion[i] and "guess" in rb.completion[i]
         assert e["env_reward"] in (0.0, 1.0) and e["turns"] <= 3
         assert e["reason"] in ("answer", "max_turns", "max_new_tokens")
+
+
+def test_resume_continues_exactly(stops_model, tmp_path):
+    """Checkpoints and resume with episodes: 2 steps + a resumed run of 2 more == 4 uninterrupted steps (rewards,
+    episode metrics, weights); episodes one after the other (batching off) are bit-reproducible."""
+    def run(steps: int, root, ckpt_path=None):
+        seed_everything(0)
+        module = key_module(stops_model, batching=False)
+        rec = Recorder()
+        save = ModelCheckpoint(dirpath=root, save_last=True, every_n_train_steps=2, save_top_k=0)
+        trainer(steps, rec, save, enable_checkpointing=True).fit(module, key_data(tmp_path), ckpt_path=ckpt_path)
+        return rec.steps, module
+
+    full, full_module = run(4, tmp_path / "full")
+    first, _ = run(2, tmp_path / "part")
+    rest, part_module = run(4, tmp_path / "part", ckpt_path=str(tmp_path / "part" / "last.ckpt"))
+    keys = ("train/reward", "train/episodes/turns_mean", "train/episodes/sampled_tokens_mean", "train/loss")
+    assert [[m[k] for k in keys] for m in first + rest] == [[m[k] for k in keys] for m in full]
+    a, b = full_module.state_dict(), part_module.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the class given in Python is saved as its import path (plain data: Lightning resumes with weights_only)
+    hparams = torch.load(tmp_path / "part" / "last.ckpt", weights_only=True)["hyper_parameters"]
+    assert hparams["environment"] == "episode_models:CapitalAfterToolEnv"
+
+
+def test_environment_hparam():
+    assert environment_hparam("calculator") == "calculator"
+    assert environment_hparam(GuessNumberEnv) == "lit_llm.rollouts.envs.guess_number:GuessNumberEnv"
+    spec = {"class_path": CalculatorEnv, "init_args": {"tool_timeout": 2.0}}
+    assert environment_hparam(spec) == {"class_path": "lit_llm.rollouts.envs.calculator:CalculatorEnv",
+                                        "init_args": {"tool_timeout": 2.0}}
+
+    class Local(CalculatorEnv):
+        pass
+    assert environment_hparam(Local) is Local  # not importable: kept
