@@ -69,9 +69,11 @@ def key_data(tmp_path, **kw) -> GRPODataModule:
     return GRPODataModule(path=path, **{"batch_size": 3, "num_eval": 0, **kw})
 
 
-def trainer(steps: int, *callbacks, **kw) -> Trainer:
+def trainer(steps: int, *callbacks, root, **kw) -> Trainer:
+    """A quiet CPU trainer whose tables (rollout_samples.csv, ...) go to ``root`` (a tmp folder)."""
     args = dict(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
+                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                default_root_dir=root)
     args.update(kw)
     return Trainer(callbacks=[*callbacks], **args)
 
@@ -82,7 +84,7 @@ def test_episode_metrics_match_the_rollouts(stops_model, tmp_path):
     module = key_module(stops_model)
     assert isinstance(module.engine, EpisodeEngine) and module.rewards is None
     seen, rec = spy_rollouts(module), Recorder()
-    trainer(3, rec).fit(module, key_data(tmp_path))
+    trainer(3, rec, root=tmp_path).fit(module, key_data(tmp_path))
     assert len(seen) == len(rec.steps) == 3
     all_turns = set()
     for rb, m in zip(seen, rec.steps):
@@ -176,19 +178,19 @@ def test_option_errors():
         GRPOModule("tiny", reward_funcs=[])
 
 
-def test_environment_columns_checked_at_setup_before_any_rollout():
+def test_environment_columns_checked_at_setup_before_any_rollout(tmp_path):
     module = GRPOModule("tiny", environment="guess_number", num_generations=2, max_new_tokens=4)
     dm = GRPODataModule("calculator", batch_size=2, num_train=8, num_eval=0)
     with pytest.raises(RolloutError, match=r"GuessNumberEnv needs the column\(s\) \['secret'\].*training prompts"):
-        trainer(1).fit(module, dm)
+        trainer(1, root=tmp_path).fit(module, dm)
     assert module.engine.num_policy_calls == 0
 
 
-def test_environment_task_without_environment_warns():
+def test_environment_task_without_environment_warns(tmp_path):
     module = GRPOModule("tiny", reward_funcs=["arithmetic_answer_reward"], num_generations=2, max_new_tokens=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer(1).fit(module, GRPODataModule("calculator", batch_size=1, num_train=2, num_eval=0))
+        trainer(1, root=tmp_path).fit(module, GRPODataModule("calculator", batch_size=1, num_train=2, num_eval=0))
     assert any("model.environment is not set" in str(w.message) for w in caught)
 
 
@@ -205,7 +207,7 @@ def test_greedy_episode_evaluation(even_stops_model, tmp_path):
     assert engine.max_turns == module.engine.max_turns == 2
     dm = key_data(tmp_path, num_eval=5, eval_batch_size=3)
     logger = CSVLogger(tmp_path, name="logs")
-    trainer(1, logger=logger, limit_val_batches=None).validate(module, dm)
+    trainer(1, root=tmp_path, logger=logger, limit_val_batches=None).validate(module, dm)
     assert len(trajs) == 5 and all(t.turns == 2 and t.tool_calls == 1 for t in trajs)  # greedy turns all stop
     with open(f"{logger.log_dir}/metrics.csv") as f:
         (row,) = list(csv.DictReader(f))
@@ -227,7 +229,7 @@ def test_greedy_episode_evaluation(even_stops_model, tmp_path):
 def test_async_rollouts_build_an_episode_engine(stops_model, tmp_path):
     module = key_module(stops_model, rollout_mode="async", max_staleness=2, max_episode_tokens=40)
     rec = Recorder()
-    trainer(3, rec).fit(module, key_data(tmp_path))
+    trainer(3, rec, root=tmp_path).fit(module, key_data(tmp_path))
     producer = module.async_rollouts
     assert isinstance(producer.engine, EpisodeEngine) and producer.engine.model is not module.model
     assert producer.engine.episode_settings() == module.engine.episode_settings()
@@ -260,7 +262,8 @@ def test_resume_continues_exactly(stops_model, tmp_path):
         module = key_module(stops_model, batching=False)
         rec = Recorder()
         save = ModelCheckpoint(dirpath=root, save_last=True, every_n_train_steps=2, save_top_k=0)
-        trainer(steps, rec, save, enable_checkpointing=True).fit(module, key_data(tmp_path), ckpt_path=ckpt_path)
+        fit = trainer(steps, rec, save, root=root, enable_checkpointing=True)
+        fit.fit(module, key_data(tmp_path), ckpt_path=ckpt_path)
         return rec.steps, module
 
     full, full_module = run(4, tmp_path / "full")

@@ -41,7 +41,8 @@ def test_reward_rises_on_the_turn_after_a_tool_result(tmp_path):
     dm = GRPODataModule(path=write_rows(tmp_path / "keys.jsonl", key_rows(64)), batch_size=2, num_eval=0)
     rec = Rewards()
     Trainer(max_steps=28, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[rec]).fit(module, dm)
+            enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[rec],
+            default_root_dir=tmp_path).fit(module, dm)
     rewards = [r for r, _ in rec.steps]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-8:]) / 8
     assert first < 0.5 and last > 0.9 and last > first + 0.4, rec.steps
