@@ -39,6 +39,15 @@ One training batch = the prompts of one optimizer step (:mod:`lit_llm.lightning.
    ``rollout/tokens_per_sec`` and the ratio min/max are rank 0's (docs/distributed.md).
 
 Validation = greedy evaluation on the held-out prompts (:class:`~lit_llm.lightning.grpo_eval.GreedyEvaluation`).
+
+**Multi-turn, tool-using episodes** (``environment`` set, issue 16): the engine is an
+:class:`~lit_llm.rollouts.EpisodeEngine` (sync and async: the producer builds one over its copy of the weights), a
+rollout row is a whole episode (the completion = every id after the first render, ``loss_mask`` = the sampled ids),
+the reward ``env_reward_weight * env`` plus the optional ``reward_funcs`` (which also get a ``tools`` column); every
+option above applies per episode. Extra per-step metrics (:mod:`lit_llm.lightning.episode_metrics`):
+``train/episodes/*`` (turns, tool calls and success rate, truncation by reason, sampled / environment tokens),
+``train/reward_by_turns/<k>``, ``time/tools``, ``time/env``, ``time/episode_generation``; the samples table shows
+whole episodes; validation runs greedy episodes (``eval/env_reward``, ``eval/tool_call_rate``, ``eval/turns``).
 """
 
 from __future__ import annotations
@@ -53,6 +62,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS, episode_columns, episode_metrics, episode_times
+from lit_llm.lightning.grpo_data import ENVIRONMENT_TASKS
 from lit_llm.lightning.grpo_eval import GreedyEvaluation
 from lit_llm.lightning.module import PolicyModule
 from lit_llm.lightning.tables import append_csv, log_table
@@ -62,16 +73,32 @@ from lit_llm.objectives.correction import RolloutCorrection
 from lit_llm.objectives.grpo import LOSS_TYPES, GRPOObjective, check_advantage_settings
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
-from lit_llm.rollouts import RolloutBatch, RolloutEngine
+from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutEngine
 from lit_llm.rollouts.engine import RESERVED_KEYS, _mix_seed
+from lit_llm.rollouts.envs import resolve_environment
 
-__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_old_log_probs"]
+__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_old_log_probs", "environment_hparam"]
 
 #: Shaped arithmetic reward (the base model rarely answers with just the number: format + answer).
 DEFAULT_REWARDS = ("lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
                    "lit_llm.rewards:strict_number_format_reward")
 
 RewardSpec = str | Callable[..., Any]
+#: An environment spec (:func:`~lit_llm.rollouts.envs.resolve_environment`): a built-in name, an import path, a
+#: ``{"class_path": ..., "init_args": {...}}`` dict (or, in Python, a class or factory).
+EnvironmentSpec = str | dict[str, Any]
+
+
+def environment_hparam(spec: Any) -> Any:
+    """``spec`` as the module's ``environment`` hyperparameter: a class or function (also a dict's ``class_path``)
+    becomes its import path ``"module:QualifiedName"``, so checkpoints hold plain data (Lightning loads them with
+    ``weights_only``); strings, dicts of strings and objects without an importable name (local classes) are kept."""
+    if isinstance(spec, dict):
+        return {**spec, "class_path": environment_hparam(spec["class_path"])} if "class_path" in spec else spec
+    qualname, module = getattr(spec, "__qualname__", None), getattr(spec, "__module__", None)
+    if isinstance(spec, str) or not qualname or not module or "<locals>" in qualname:
+        return spec
+    return f"{module}:{qualname}"
 
 
 def check_old_log_probs(old_log_probs: str, rollout_correction: str, rollout_mode: str) -> None:
@@ -110,7 +137,13 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             ``"path/to/rewards.py:function"`` (:func:`~lit_llm.rewards.resolve_reward`). Each receives the prompts,
             completions, completion ids, ``trainer_state`` (:class:`~lit_llm.rewards.TrainerState`) and the
             dataset's columns; the columns it needs (:func:`~lit_llm.rewards.required_columns`) are checked against
-            the data module's prompts at ``setup``, before the first rollout.
+            the data module's prompts at ``setup``, before the first rollout. ``None`` (default): the shaped
+            arithmetic rewards (:data:`DEFAULT_REWARDS`) without an ``environment``, none with one (the
+            environment's reward alone). With an ``environment`` the list may be empty; a function then scores whole
+            episodes (``prompts`` = each episode's prompt messages, ``completions`` = its messages after the prompt)
+            and receives, besides the dataset's columns, a ``tools`` column: each episode's tool schemas (added by
+            the :class:`~lit_llm.rollouts.EpisodeEngine` unless the dataset has one; what
+            :func:`~lit_llm.rewards.tool_call_format_reward` reads), so it must take ``**kwargs`` (TRL's rule).
         reward_weights: one weight per reward function (``None`` = all 1).
         num_generations: completions per prompt ``G`` (>= 2).
         max_new_tokens: generation budget per completion (TRL ``max_completion_length``).
@@ -164,17 +197,37 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             recompute``. In async mode ``recompute`` without a correction is an error (it would hide staleness).
         rollout_correction_clip_max: the weight cap ``C`` (TRL's ``vllm_importance_sampling_cap``).
         rollout_correction_clip_min: lower bound of the mask modes (``None``: ``1 / C``; 0: none).
+        environment: multi-turn, tool-using episodes instead of single completions (issue 16): ``None`` (default,
+            single-turn GRPO), a built-in name (``"calculator"``, ``"guess_number"``), an import path
+            (``"my_agent:MyEnv"``, a module importable or in the current directory, or ``"path/to/env.py:MyEnv"``)
+            or ``{"class_path": ..., "init_args": {...}}`` (:func:`~lit_llm.rollouts.envs.resolve_environment`).
+            Rollouts are then the :class:`~lit_llm.rollouts.EpisodeEngine`'s (sync and async): ``num_generations``
+            episodes per prompt, each sampled turn's ids kept and each environment reply appended as a suffix
+            render, the loss on the sampled ids only (DESIGN.md property 9); ``max_new_tokens`` is the budget of one
+            turn; the reward is ``env_reward_weight * env`` plus the ``reward_funcs``. Validation runs greedy
+            episodes (``eval/env_reward``, ``eval/tool_call_rate``, ``eval/turns``). The environment's
+            ``required_columns`` are checked against the prompts at ``setup``.
+        max_turns: model turns per episode at most (default 8); ``max_tool_calling_iterations`` is TRL's name for
+            the environment replies at most (``max_turns = iterations + 1``); give one.
+        max_episode_tokens: completion ids per episode at most (sampled + environment ids; ``None``: the context
+            bounds it). ``dr_grpo``'s constant denominator with an environment, so required by it.
+        tool_timeout: seconds per tool call (set on each environment that has a ``tool_timeout``; ``None``: the
+            environment's own).
+        env_reward_weight: weight of the environment's reward (logged as ``train/rewards/env/mean``) in the total.
 
     Raises:
-        ValueError: invalid settings (named in the message); reward-function errors
+        ValueError: invalid settings (named in the message), e.g. an episode option without ``environment`` or
+            ``dr_grpo`` with an environment but no ``max_episode_tokens``; an environment spec that does not
+            resolve (:class:`~lit_llm.rollouts.envs.EnvironmentSpecError`); reward-function errors
             (:class:`lit_llm.rewards.RewardError`): an unknown name (listing the built-ins), a spec that does not
-            import; at ``setup``, a column a reward function needs that the prompts lack.
+            import, no function without an environment; at ``setup``, a column a reward function or the
+            environment needs that the prompts lack.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: DType = "float32", attn_implementation: str | None = None,
                  chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
                  use_peft: bool = False, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05,
-                 lora_target_modules: list[str] | None = None, reward_funcs: Sequence[RewardSpec] = DEFAULT_REWARDS,
+                 lora_target_modules: list[str] | None = None, reward_funcs: Sequence[RewardSpec] | None = None,
                  reward_weights: list[float] | None = None, num_generations: int = 8, max_new_tokens: int = 32,
                  temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None,
                  loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo"] = "dapo", epsilon: float = 0.2,
@@ -193,7 +246,10 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  importance_sampling_level: Literal["token", "sequence"] = "token", entropy_coef: float = 0.0,
                  old_log_probs: Literal["rollout", "recompute"] = "rollout",
                  rollout_correction: RolloutCorrection = "none", rollout_correction_clip_max: float = 2.0,
-                 rollout_correction_clip_min: float | None = None) -> None:
+                 rollout_correction_clip_min: float | None = None, environment: EnvironmentSpec | None = None,
+                 max_turns: int | None = None, max_tool_calling_iterations: int | None = None,
+                 max_episode_tokens: int | None = None, tool_timeout: float | None = None,
+                 env_reward_weight: float = 1.0) -> None:
         super().__init__(model, dtype=dtype, attn_implementation=attn_implementation, chat_template=chat_template,
                          chat_template_kwargs=chat_template_kwargs, use_peft=use_peft, lora_r=lora_r,
                          lora_alpha=lora_alpha, lora_dropout=lora_dropout, lora_target_modules=lora_target_modules,
@@ -227,6 +283,18 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             raise ValueError(f"GRPOModule: rollout_mode must be 'sync' or 'async', got {rollout_mode!r}.")
         if beta < 0:
             raise ValueError(f"GRPOModule: beta must be >= 0, got {beta}.")
+        episode_options = {"max_turns": max_turns, "max_tool_calling_iterations": max_tool_calling_iterations,
+                           "max_episode_tokens": max_episode_tokens, "tool_timeout": tool_timeout}
+        if environment is None:
+            given = [k for k, v in episode_options.items() if v is not None]
+            given += ["env_reward_weight"] if env_reward_weight != 1.0 else []
+            if given:
+                raise ValueError(f"GRPOModule: {given} apply to multi-turn episodes only, but no environment is set. "
+                                 f"Set --model.init_args.environment (e.g. calculator), or drop them.")
+        elif loss_type == "dr_grpo" and max_episode_tokens is None:
+            raise ValueError("GRPOModule: loss_type='dr_grpo' divides by a constant completion length, which with an "
+                             "environment is max_episode_tokens (the budget of an episode's completion, sampled + "
+                             "environment ids); set max_episode_tokens, or choose another loss_type.")
         if micro_batch_size % num_generations:
             rank_zero_warn(f"GRPOModule: micro_batch_size={micro_batch_size} is not a multiple of num_generations="
                            f"{num_generations}: some prompt groups straddle two micro-batches and their prompt runs "
@@ -241,11 +309,30 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         self.log_samples_every, self.num_logged_samples, self.eval_samples = (log_samples_every, num_logged_samples,
                                                                               eval_samples)
         self.eval_max_new_tokens = eval_max_new_tokens or max_new_tokens
-        self.rewards = RewardFunctions(list(reward_funcs), reward_weights)
-        self.eval_rewards = RewardFunctions(list(eval_reward_funcs or reward_funcs))
+        self.environment = environment
+        self.env_factory = None if environment is None else resolve_environment(environment)
+        if environment is not None:  # checkpoints hold an import path, not a class (resume loads weights_only)
+            self.hparams["environment"] = environment_hparam(environment)
+        if reward_funcs is None:
+            reward_funcs = DEFAULT_REWARDS if environment is None else []
+        if environment is None or list(reward_funcs):
+            self.rewards: RewardFunctions | None = RewardFunctions(list(reward_funcs), reward_weights)
+        else:  # the environment's reward alone
+            if reward_weights:
+                raise ValueError(f"GRPOModule: reward_weights {reward_weights} given without reward_funcs; the "
+                                 f"environment's reward is weighted by env_reward_weight.")
+            self.rewards = None
+        evals = list(eval_reward_funcs or reward_funcs)
+        self.eval_rewards: RewardFunctions | None = RewardFunctions(evals) if evals else None
+        eval_names = [] if self.eval_rewards is None else self.eval_rewards.names
+        clash = sorted(set(eval_names) & set(EPISODE_EVAL_METRICS)) if environment is not None else []
+        if clash:
+            raise ValueError(f"GRPOModule: eval reward function(s) {clash} have the names of the episode evaluation "
+                             f"metrics eval/{clash[0]}; rename them.")
         self.objective = GRPOObjective(loss_type=loss_type, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta,
                                        mask_truncated_completions=mask_truncated_completions,
-                                       max_completion_length=max_new_tokens,
+                                       max_completion_length=max_new_tokens if environment is None
+                                       else max_episode_tokens,
                                        importance_sampling_level=importance_sampling_level, entropy_coef=entropy_coef,
                                        rollout_correction=rollout_correction,
                                        rollout_correction_clip_max=rollout_correction_clip_max,
@@ -259,10 +346,18 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             gen_kwargs["top_k"] = top_k
         policy = TransformersWrapper(self.model, tokenizer=self.tokenizer, input_mode="tokens",
                                      generate_kwargs=gen_kwargs, chunk_size=chunk_size)
-        engine = RolloutEngine(policy, tokenizer=self.tokenizer, reward_fn=self.rewards,
-                               num_generations=num_generations, scale_rewards=scale_rewards, seed=rollout_seed,
-                               chat_template=chat_template, chat_template_kwargs=self.chat_template_kwargs,
-                               batching=batching, num_workers=rollout_workers, advantage_estimator=advantage_estimator)
+        common = dict(tokenizer=self.tokenizer, reward_fn=self.rewards, num_generations=num_generations,
+                      scale_rewards=scale_rewards, seed=rollout_seed, chat_template=chat_template,
+                      chat_template_kwargs=self.chat_template_kwargs, batching=batching, num_workers=rollout_workers,
+                      advantage_estimator=advantage_estimator)
+        if self.env_factory is None:
+            engine: RolloutEngine = RolloutEngine(policy, **common)
+        else:
+            try:
+                engine = EpisodeEngine(policy, env_factory=self.env_factory, env_reward_weight=env_reward_weight,
+                                       **episode_options, **common)
+            except ValueError as e:
+                raise ValueError(f"GRPOModule: {e}") from e
         # The callback is a plain attribute (not an nn.Module): checkpoints hold the weights once; a reference copy
         # (beta > 0) is neither trained, checkpointed nor exported.
         self.versions = PolicyVersionSwitch(
@@ -270,7 +365,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             log_prob_kwargs={"share_prompts": self.share_prompts},
             reference_model=self.reference_model() if beta > 0 else None)
         self.register_buffer("dropped_rollouts", torch.zeros((), dtype=torch.long))
-        self.eval_metrics = torch.nn.ModuleDict({n: MeanMetric(nan_strategy="ignore") for n in self.eval_rewards.names})
+        eval_metric_names = [*(EPISODE_EVAL_METRICS if environment is not None else ()), *eval_names]
+        self.eval_metrics = torch.nn.ModuleDict({n: MeanMetric(nan_strategy="ignore") for n in eval_metric_names})
+        self._eval_engines: dict[int, EpisodeEngine] = {}
         self._eval_rows: list[list[Any]] = []
         self._num_mbs = 1
         self._iter_stats: list[dict[str, Tensor]] = []
@@ -293,20 +390,31 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         """Under DDP, ranks > 0 reseed the global RNG from ``(initial seed, rank)`` (used with ``rollout_seed:
         null``; ``seed_everything`` gives every rank the same one); the engine mixes the rank into its per-row seeds
         (set by the callback). Weights are unaffected: DDP broadcasts rank 0's at wrap time. Then the reward functions'
-        columns are checked against the data module's prompts (:meth:`check_reward_columns`)."""
+        columns are checked against the data module's prompts (:meth:`check_reward_columns`); a data module whose
+        ``task`` is an environment's (``calculator``, ``guess_number``) without an ``environment`` warns (its prompts
+        are then single completions)."""
         if self.trainer.world_size > 1 and self.global_rank > 0:
             torch.manual_seed(_mix_seed(torch.initial_seed(), 0, self.global_rank))
-        self.check_reward_columns(getattr(self.trainer, "datamodule", None), stage)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        task = getattr(datamodule, "task", None)
+        if self.env_factory is None and task in ENVIRONMENT_TASKS:
+            rank_zero_warn(f"GRPOModule: data.task={task!r} holds the prompts of the {task!r} environment, but "
+                           f"model.environment is not set: they are trained as single completions. Set "
+                           f"--model.init_args.environment {task} for episodes.")
+        self.check_reward_columns(datamodule, stage)
 
     def check_reward_columns(self, datamodule: Any, stage: str) -> None:
         """Check, before the first rollout, that the prompts hold every column the reward functions need
         (``reward_funcs`` against the training prompts when fitting, ``eval_reward_funcs`` against the held-out
-        prompts when they exist). The columns are ``datamodule.columns`` when it has them, else the keys of its
-        first ``train_rows`` / ``eval_rows`` row other than ``prompt``, ``prompt_ids`` and ``sample_id``. Nothing
-        to check without a data module (dataloaders passed to ``fit``).
+        prompts when they exist), and with an ``environment`` every column its ``reset`` needs (its
+        ``required_columns``, :meth:`~lit_llm.rollouts.EpisodeEngine.check_columns`; the reward functions then also
+        get the engine's ``tools`` column). The columns are ``datamodule.columns`` when it has them, else the keys of
+        its first ``train_rows`` / ``eval_rows`` row other than ``prompt``, ``prompt_ids`` and ``sample_id``.
+        Nothing to check without a data module (dataloaders passed to ``fit``).
 
         Raises:
             lit_llm.rewards.RewardError: naming the function, the missing column and the prompts' columns.
+            lit_llm.rollouts.RolloutError: naming the environment, the missing column and the prompts' columns.
         """
         if datamodule is None:
             return
@@ -324,7 +432,12 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                 columns = [k for k in rows[0] if k not in RESERVED_KEYS]
             else:
                 continue
-            rewards.check_columns(columns, source=f"{source} of {type(datamodule).__name__}")
+            source = f"{source} of {type(datamodule).__name__}"
+            if self.env_factory is not None:
+                self.engine.check_columns(columns, source=source)
+                columns = [*columns, "tools"]
+            if rewards is not None:
+                rewards.check_columns(columns, source=source)
 
     # ------------------------------------------------------------------------------------------------- rollouts
     def wrap_train_loader(self, loader: Any) -> Any:
@@ -461,6 +574,12 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             log[f"train/rewards/{name}/mean"] = values.nanmean()
             finite = values[~values.isnan()]
             log[f"train/rewards/{name}/std"] = finite.std() if finite.numel() > 1 else 0.0
+        if rollout.episodes is not None:  # multi-turn episodes: their own statistics (same rank order as cols)
+            episodes = episode_columns(rollout.episodes).to(self.device)
+            if self.trainer.world_size > 1:
+                episodes = self.all_gather(episodes).reshape(-1, episodes.shape[1])
+            log.update(episode_metrics(episodes, rewards))
+            log.update(episode_times(rollout.episodes))
         if self._iter_stats:
             it = self._iter_stats
             n = sum(s["num_tokens"] for s in it).clamp(min=1)
@@ -508,5 +627,10 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         rows = [[self.global_step, rollout.sample_id[i], rollout.completion[i],
                  round(float(rollout.reward[i]), 4), round(float(rollout.advantage[i]), 4),
                  *[round(float(rollout.rewards[n][i]), 4) for n in names]] for i in range(k)]
+        if rollout.episodes is not None:  # the completion is the whole episode (special tokens kept: turns show)
+            columns += ["turns", "tool_calls", "tool_errors", "reason"]
+            for i, row in enumerate(rows):
+                e = rollout.episodes[i]
+                row += [e["turns"], e["tool_calls"], e["tool_errors"], e["reason"]]
         append_csv(self.trainer, "rollout_samples.csv", columns, rows)
         log_table(self.trainer, "train/samples", columns, rows)

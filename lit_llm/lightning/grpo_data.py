@@ -17,6 +17,11 @@ micro-batches itself. A prompt batch is a dict of columns::
 as they are) -- the ids the model continues; ``prompt``, ``prompt_ids`` and ``sample_id`` are the engine's own keys
 (``lit_llm.rollouts.engine.RESERVED_KEYS``), every other key is a reward column.
 
+With an environment (``GRPOModule(environment=...)``) the same rows feed the episodes: each episode's
+``env.reset(row)`` gets ``{"prompt", "sample_id", <columns>}``, and the environment's first messages are rendered by
+the :class:`~lit_llm.rollouts.EpisodeEngine` (tools included), so ``prompt_ids`` are not used there.
+``task: calculator`` / ``guess_number`` give the built-in environments' synthetic rows (no file).
+
 The training loader is stateful (``state_dict``/``load_state_dict``, saved by Lightning in checkpoints) so a resumed
 run sees the same prompts as an uninterrupted one; in DDP each rank takes its own share of every step's prompts. The
 validation loader holds the held-out prompts used for greedy evaluation.
@@ -39,7 +44,12 @@ from lit_llm.data.sources import read_rows
 from lit_llm.lightning.datamodules import module_attr, template_options
 from lit_llm.rollouts.engine import RESERVED_KEYS
 
-__all__ = ["GRPODataModule", "PromptBatchLoader", "collate_prompts", "gsm8k_prompts", "prompt_rows"]
+__all__ = ["ENVIRONMENT_TASKS", "GRPODataModule", "PromptBatchLoader", "collate_prompts", "environment_rows",
+           "gsm8k_prompts", "prompt_rows"]
+
+#: Tasks whose prompts are the synthetic rows of a built-in environment (``make_rows``), for GRPO with
+#: ``model.environment`` set to the same name.
+ENVIRONMENT_TASKS = ("calculator", "guess_number")
 
 #: Prompt-batch keys that are not dataset columns (the rollout engine's own; a dataset may not use them).
 #: GSM8K as a prompt dataset: the question is the prompt; ``answer`` (with its ``#### n`` line) a reward column.
@@ -150,6 +160,22 @@ def gsm8k_prompts(path: str, *, option: str = "--data.path", system_prompt: str 
                        string_prompts="chat", limit=limit, on_bad_row=on_bad_row, option=option, split=split)
 
 
+def environment_rows(task: str, n: int, *, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+    """``n`` synthetic prompt rows of a built-in environment's task (its ``make_rows``): the calculator's problems
+    (columns ``answer``, ``expression``) or guess-the-number games (``secret``, ``max_value``), message-list prompts,
+    train and eval splits disjoint (see :meth:`lit_llm.rollouts.envs.CalculatorEnv.make_rows`,
+    :meth:`lit_llm.rollouts.envs.GuessNumberEnv.make_rows`).
+
+    Raises:
+        ValueError: an unknown task (listing :data:`ENVIRONMENT_TASKS`), ``n < 1``, an unknown split.
+    """
+    from lit_llm.rollouts.envs import builtin_environments
+
+    if task not in ENVIRONMENT_TASKS:
+        raise ValueError(f"environment_rows: unknown task {task!r}; choose one of {list(ENVIRONMENT_TASKS)}.")
+    return builtin_environments()[task].make_rows(n, seed, split=split)
+
+
 def collate_prompts(rows: Sequence[dict[str, Any]]) -> dict[str, list]:
     """Column-wise prompt batch: ``{key: [row[key] for row in rows]}`` (``prompt_ids`` stay a list of tensors).
 
@@ -230,8 +256,13 @@ class GRPODataModule(LightningDataModule):
     Args:
         task: ``None`` (the prompt dataset at ``path``: a ``prompt`` column and reward columns, TRL's conventions;
             without ``path``, the arithmetic task), ``"gsm8k"`` (the dataset at ``path`` with ``question`` ->
-            ``prompt``, chat prompts, ``answer`` verbatim) or ``"arithmetic"`` (synthetic ``"What is a + b? Reply with
-            just the number."``, seeded, train/eval disjoint; reads no file, so ``path`` with it is an error).
+            ``prompt``, chat prompts, ``answer`` verbatim), ``"arithmetic"`` (synthetic ``"What is a + b? Reply with
+            just the number."``, seeded, train/eval disjoint; reads no file, so ``path`` with it is an error), or a
+            built-in environment's synthetic rows (:func:`environment_rows`, for ``model.environment`` of the same
+            name; no file either): ``"calculator"`` (multi-digit arithmetic to solve with the calculator tool,
+            columns ``answer``, ``expression``) or ``"guess_number"`` (games with a ``secret`` in ``[1, 100]``).
+            Rows of your own environment: ``task: null`` and ``path`` (a ``prompt`` column plus the columns the
+            environment's ``reset`` / ``score`` read, e.g. ``answer``).
         path: training prompts: a ``.jsonl`` / ``.parquet`` / ``.csv`` / ``.tsv`` / ``.json`` file, or a Hub
             dataset ``NAME[:CONFIG]:SPLIT`` when online (see :mod:`lit_llm.data.sources`).
         eval_path: evaluation prompts, same sources (a Hub spec without a split reads ``test``); ``None``: hold out
@@ -244,9 +275,10 @@ class GRPODataModule(LightningDataModule):
             for ``task="gsm8k"``, else ``"text"``. Message-list prompts always use the chat template.
         batch_size: prompts per optimizer step per rank (each becomes ``num_generations`` completions).
         eval_batch_size: prompts per greedy-evaluation batch.
-        num_train: training prompts: the number of arithmetic problems (``None`` = 1000), or the row limit of
+        num_train: training prompts: the number of synthetic problems (``None`` = 1000), or the row limit of
             ``path`` (``None`` = all rows).
-        num_eval: evaluation prompts (held out of ``path``, or the row limit of ``eval_path``).
+        num_eval: evaluation prompts (held out of ``path``, the row limit of ``eval_path``, or the synthetic task's
+            evaluation problems).
         low, high: arithmetic operand range (inclusive).
         ops: arithmetic operators among ``"+"``, ``"-"``, ``"*"``.
         template: arithmetic question template with ``{a}``, ``{op}``, ``{b}``.
@@ -262,14 +294,16 @@ class GRPODataModule(LightningDataModule):
     Attributes:
         columns: the reward-visible column names of the dataset (every prompt-batch key but ``prompt``,
             ``prompt_ids`` and ``sample_id``), e.g. ``["answer"]``; known at ``__init__`` for the arithmetic task,
-            after :meth:`setup` for a file (``None`` before).
+            after :meth:`setup` for a file or an environment task (``None`` before).
 
     Raises:
-        ValueError: an unknown task, ``path`` with ``task="arithmetic"``, ``task="gsm8k"`` without ``path``, bad
-            sizes (checked in ``__init__``); data errors in :meth:`setup`.
+        ValueError: an unknown task, ``path`` with a synthetic task (``arithmetic``, ``calculator``,
+            ``guess_number``), ``task="gsm8k"`` without ``path``, bad sizes (checked in ``__init__``); data errors in
+            :meth:`setup`.
     """
 
-    def __init__(self, task: Literal["arithmetic", "gsm8k"] | None = None, *, path: str | None = None,
+    def __init__(self, task: Literal["arithmetic", "gsm8k", "calculator", "guess_number"] | None = None, *,
+                 path: str | None = None,
                  eval_path: str | None = None, rename_columns: dict[str, str] | None = None,
                  string_prompts: Literal["text", "chat"] | None = None, batch_size: int = 8,
                  eval_batch_size: int = 32, num_train: int | None = None, num_eval: int = 200, low: int = 10,
@@ -278,11 +312,12 @@ class GRPODataModule(LightningDataModule):
                  max_prompt_length: int | None = None, on_bad_row: Literal["raise", "skip"] = "raise", seed: int = 0,
                  tokenizer: str | None = None) -> None:
         super().__init__()
-        if task not in (None, "arithmetic", "gsm8k"):
-            raise ValueError(f"GRPODataModule: unknown task {task!r}; choose 'arithmetic', 'gsm8k', or null for the "
-                             f"prompt dataset at --data.path.")
-        if task == "arithmetic" and (path or eval_path):
-            raise ValueError(f"GRPODataModule: task='arithmetic' is the synthetic task and reads no file, but "
+        if task not in (None, "arithmetic", "gsm8k", *ENVIRONMENT_TASKS):
+            raise ValueError(f"GRPODataModule: unknown task {task!r}; choose 'arithmetic', 'gsm8k', "
+                             f"{', '.join(repr(t) for t in ENVIRONMENT_TASKS)}, or null for the prompt dataset at "
+                             f"--data.path.")
+        if task in ("arithmetic", *ENVIRONMENT_TASKS) and (path or eval_path):
+            raise ValueError(f"GRPODataModule: task={task!r} is a synthetic task and reads no file, but "
                              f"--data.{'path' if path else 'eval_path'} is set. Fix: set --data.task null to train on "
                              f"the prompts at --data.path (a 'prompt' column), or drop the path.")
         if task == "gsm8k" and not path:
@@ -297,7 +332,7 @@ class GRPODataModule(LightningDataModule):
             raise ValueError(f"GRPODataModule: batch_size and eval_batch_size must be >= 1 and num_eval >= 0, got "
                              f"{batch_size}, {eval_batch_size}, {num_eval}.")
         self.save_hyperparameters()
-        self.task: Literal["arithmetic", "gsm8k"] | None = "arithmetic" if task is None and not path else task
+        self.task: str | None = "arithmetic" if task is None and not path else task
         self.path, self.eval_path = path, eval_path
         self.rename_columns = {**(GSM8K_COLUMNS if task == "gsm8k" else {}), **(rename_columns or {})}
         self.string_prompts = string_prompts or ("chat" if task == "gsm8k" else "text")
@@ -341,6 +376,12 @@ class GRPODataModule(LightningDataModule):
                 train, held = arithmetic_split(self.num_train or 1000, self.num_eval, **kw)
             else:
                 train, held = arithmetic_prompts(self.num_train or 1000, **kw), []
+        elif self.task in ENVIRONMENT_TASKS:
+            train = environment_rows(self.task, self.num_train or 1000, seed=self.seed, split="train")
+            held = environment_rows(self.task, self.num_eval, seed=self.seed, split="eval") if self.num_eval else []
+            if self.system_prompt:
+                train = [{**r, "prompt": with_system_prompt(r["prompt"], self.system_prompt)} for r in train]
+                held = [{**r, "prompt": with_system_prompt(r["prompt"], self.system_prompt)} for r in held]
         else:
             train = self._read(self.path, option="--data.path", limit=self.num_train, split="train")
             if self.eval_path:

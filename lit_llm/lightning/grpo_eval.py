@@ -1,6 +1,14 @@
 """Greedy evaluation of a GRPO policy on held-out prompts: answers from the greedy version of the policy's generate
 version (:meth:`~lit_llm.lightning.versions.PolicyVersionSwitch.greedy`), scored by the evaluation reward functions.
 
+With an ``environment`` (multi-turn GRPO) each held-out row is one **greedy episode**: the training
+:class:`~lit_llm.rollouts.EpisodeEngine`'s settings over the greedy version (``eval_max_new_tokens`` per turn), the
+episodes of a batch run concurrently through the batcher (:meth:`GreedyEvaluation.greedy_episodes`). Logged:
+``eval/env_reward`` (the environment's reward: the calculator's exact-answer accuracy), ``eval/tool_call_rate``
+(episodes with at least one tool call), ``eval/turns`` (model turns per episode) and ``eval/<fn>`` of the evaluation
+reward functions over whole episodes (with the ``tools`` column, as in training); ``eval_samples.csv`` shows whole
+episodes (everything after the prompt, special tokens kept, so the turns show).
+
 :class:`GreedyEvaluation` is mixed into :class:`~lit_llm.lightning.grpo.GRPOModule`: ``trainer.val_check_interval``
 runs it every N steps; each ``eval_reward_funcs`` function's mean is logged as ``eval/<fn>`` (torchmetrics, synced
 over ranks); with ``trainer.num_sanity_val_steps: -1`` the full evaluation also runs before training and is logged at
@@ -21,6 +29,8 @@ from torch import Tensor
 from lit_llm.data.prompts import tokenize_prompts
 from lit_llm.lightning.progress import StepProgressBar
 from lit_llm.lightning.tables import append_csv, log_table
+from lit_llm.rollouts import EpisodeEngine, Trajectory
+from lit_llm.rollouts.engine import read_prompt_batch
 
 __all__ = ["GreedyEvaluation"]
 
@@ -31,7 +41,72 @@ class GreedyEvaluation:
     ``chat_template_kwargs``, ``eval_rewards``
     (:class:`~lit_llm.rewards.RewardFunctions`), ``eval_metrics`` (a ``ModuleDict`` of ``MeanMetric`` per function),
     ``eval_max_new_tokens``, ``eval_samples`` and ``eval_step`` (the step rows and lines are labelled with: the
-    loaded checkpoint's in ``validate``)."""
+    loaded checkpoint's in ``validate``); for episodes also ``env_factory`` (``None``: single-turn), ``engine`` (the
+    training :class:`~lit_llm.rollouts.EpisodeEngine`) and ``_eval_engines`` (a dict, the greedy engines by
+    budget). ``eval_rewards`` may be ``None`` with an environment (its reward alone)."""
+
+    # ------------------------------------------------------------------------------------------------- episodes
+    def eval_engine(self) -> EpisodeEngine:
+        """The :class:`~lit_llm.rollouts.EpisodeEngine` of greedy episodes: the training engine's episode settings
+        (:meth:`~lit_llm.rollouts.EpisodeEngine.episode_settings`) and template options over the greedy version of
+        ``eval_max_new_tokens`` (:meth:`~lit_llm.lightning.versions.PolicyVersionSwitch.greedy_version`); no reward
+        functions, no sampling seed. Built once per budget."""
+        budget = int(self.eval_max_new_tokens)
+        engine = self._eval_engines.get(budget)
+        if engine is None:
+            train = self.engine
+            engine = EpisodeEngine(self.versions.greedy_version(budget), tokenizer=self.tokenizer, num_generations=2,
+                                   seed=None, chat_template=train.chat_template,
+                                   chat_template_kwargs=train.chat_template_kwargs, batching=train.batching,
+                                   num_workers=train.num_workers, **train.episode_settings())
+            self._eval_engines[budget] = engine
+        return engine
+
+    @torch.no_grad()
+    def greedy_episodes(self, batch: dict[str, Any]) -> tuple[list[Trajectory], list[dict[str, Any]], list[Any]]:
+        """One greedy episode per row of a prompt batch (fresh environments, eval mode, no grad).
+
+        Returns:
+            ``(trajectories, rows, envs)``: the :class:`~lit_llm.rollouts.Trajectory` of each row, the row itself
+            (``{"prompt", "sample_id", <columns>}``, what ``env.reset`` got) and its (closed) environment.
+
+        Raises:
+            lit_llm.rollouts.RolloutError: a bad batch or an environment that fails (named).
+        """
+        prompts, sample_ids, columns = read_prompt_batch(batch)
+        rows = [{"prompt": p, "sample_id": s, **{c: v[i] for c, v in columns.items()}}
+                for i, (p, s) in enumerate(zip(prompts, sample_ids))]
+        engine = self.eval_engine()
+        envs = [engine.make_env() for _ in rows]
+        self.versions.num_greedy_calls += 1
+        with self.versions.generating():
+            return engine.run_episodes(envs, rows), rows, envs
+
+    def episode_validation_step(self, batch: dict[str, Any]) -> None:
+        """Greedy episodes of held-out rows: accumulate ``env_reward``, ``tool_call_rate``, ``turns`` and the
+        evaluation reward functions over whole episodes; keep the first episodes for ``eval_samples.csv``."""
+        trajs, rows, envs = self.greedy_episodes(batch)
+        values = {"env_reward": [t.env_reward for t in trajs],
+                  "tool_call_rate": [float(t.tool_calls > 0) for t in trajs], "turns": [float(t.turns) for t in trajs]}
+        per_fn: dict[str, Tensor] = {}
+        if self.eval_rewards is not None:
+            columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "sample_id")}
+            columns.setdefault("tools", [self.engine.renderer.tool_schemas(getattr(env, "tools", None))
+                                         for env in envs])
+            _, per_fn = self.eval_rewards(prompts=[t.messages[:t.num_prompt_messages] for t in trajs],
+                                          completions=[t.completion_messages for t in trajs],
+                                          completion_ids=[t.completion_ids.tolist() for t in trajs],
+                                          trainer_state=self.versions.trainer_state(), **columns)
+        for name, vals in values.items():
+            self.eval_metrics[name].update(torch.tensor(vals, dtype=torch.float32, device=self.device))
+        for name, vals in per_fn.items():
+            self.eval_metrics[name].update(vals.to(self.device))
+        room = self.eval_samples - len(self._eval_rows)
+        for i in range(max(0, min(room, len(trajs)))):
+            t, row = trajs[i], rows[i]
+            self._eval_rows.append([self.eval_step, row["sample_id"], t.text(self.engine.renderer),
+                                    _reference(row, envs[i]), round(t.env_reward, 4), t.turns, t.tool_calls,
+                                    t.reason, *[round(float(per_fn[n][i]), 4) for n in per_fn]])
 
     @torch.no_grad()
     def greedy_responses(self, batch: dict[str, Any]) -> list[Tensor]:
@@ -49,7 +124,10 @@ class GreedyEvaluation:
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Greedy completions of held-out prompts, scored by ``eval_reward_funcs`` (accumulated per function; their
         ``trainer_state`` is the trainer's progress, :meth:`~lit_llm.lightning.versions.PolicyVersionSwitch.
-        trainer_state`)."""
+        trainer_state`); with an environment, greedy episodes (:meth:`episode_validation_step`)."""
+        if getattr(self, "env_factory", None) is not None:
+            self.episode_validation_step(batch)
+            return
         resp = self.greedy_responses(batch)
         texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in resp]
         prompts = list(batch["prompt"])
@@ -89,6 +167,19 @@ class GreedyEvaluation:
                 rank_zero_info(f"[step {self.eval_step}] greedy eval: " +
                                ", ".join(f"{k}={float(v):.3f}" for k, v in values.items()))
             if rows:
-                columns = ["step", "sample_id", "completion", "reference", *self.eval_rewards.names]
+                names = [] if self.eval_rewards is None else self.eval_rewards.names
+                if getattr(self, "env_factory", None) is not None:
+                    columns = ["step", "sample_id", "episode", "reference", "env_reward", "turns", "tool_calls",
+                               "reason", *names]
+                else:
+                    columns = ["step", "sample_id", "completion", "reference", *names]
                 append_csv(self.trainer, "eval_samples.csv", columns, rows)
                 log_table(self.trainer, "eval/samples", columns, rows)
+
+
+def _reference(row: dict[str, Any], env: Any) -> str:
+    """What an episode is scored against, for the samples table: the row's ``answer``, else the columns the
+    environment requires (``"secret=42"``)."""
+    if "answer" in row:
+        return str(row["answer"])[-40:]
+    return ", ".join(f"{c}={row[c]}" for c in getattr(env, "required_columns", ()) or () if c in row)[-40:]

@@ -32,7 +32,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from lit_llm.rewards import TrainerState
-from lit_llm.rollouts import AsyncRollouts, RolloutBatch, RolloutEngine, policy_responses
+from lit_llm.rollouts import AsyncRollouts, EpisodeEngine, RolloutBatch, RolloutEngine, policy_responses
 
 __all__ = ["PolicyVersionSwitch", "StatefulAsyncRollouts"]
 
@@ -53,8 +53,9 @@ class PolicyVersionSwitch(Callback):
 
     Args:
         generate_version: the generate version (``TransformersWrapper(..., generate=True)``) over the trained model.
-        engine: GRPO's :class:`~lit_llm.rollouts.RolloutEngine` over ``generate_version`` (``None``: no rollouts,
-            e.g. SFT).
+        engine: GRPO's :class:`~lit_llm.rollouts.RolloutEngine` (or its multi-turn subclass
+            :class:`~lit_llm.rollouts.EpisodeEngine`) over ``generate_version`` (``None``: no rollouts, e.g. SFT); the
+            asynchronous producer builds an engine of the same class over its copy of the weights.
         rollout_mode: ``"sync"`` (rollouts from the trained weights, produced at each batch start) or ``"async"``
             (a background producer over a copy of the weights).
         sync_every: async: optimizer steps between weight copies to the producer (>= 1).
@@ -200,13 +201,14 @@ class PolicyVersionSwitch(Callback):
         if self.async_rollouts is not None:
             self.async_rollouts.close()
         e = self.engine
+        episodes = e.episode_settings() if isinstance(e, EpisodeEngine) else {}  # multi-turn: the same episodes
         self.async_rollouts = StatefulAsyncRollouts.from_policy(
             e.policy, loader, max_staleness=2**62 if distributed else self.max_staleness, version=version,
             tokenizer=e.tokenizer, reward_fn=e.reward_fn, num_generations=e.num_generations,
             scale_rewards=e.scale_rewards, seed=e.seed, chat_template=e.chat_template,
             chat_template_kwargs=e.chat_template_kwargs, batching=e.batching, num_workers=e.num_workers, rank=e.rank,
             rollout_context=self.precision_context, trainer_state_fn=self.trainer_state,
-            advantage_estimator=e.advantage_estimator)
+            advantage_estimator=e.advantage_estimator, engine_cls=type(e), **episodes)
         return self.async_rollouts
 
     def take_rollout(self, batch: Any, step: int) -> tuple[RolloutBatch | None, int, float]:

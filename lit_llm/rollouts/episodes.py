@@ -574,8 +574,11 @@ class EpisodeEngine(RolloutEngine):
     Rewards: the episode's environment reward (sum of its steps' rewards) is the reward named ``"env"``; with
     ``reward_fn`` (TRL signature: ``prompts`` = each episode's prompt messages, ``completions`` = its messages after
     the prompt, ``completion_ids`` = its completion ids, sampled and environment), its functions are added: ``total =
-    env_reward_weight * env + reward_fn total``. Advantages are group-relative over the ``num_generations`` episodes
-    of a prompt (:func:`~lit_llm.objectives.compute_advantages`, every option).
+    env_reward_weight * env + reward_fn total``. Besides the batch's columns, ``reward_fn`` gets a ``tools`` column
+    (each episode's tool schemas, ``[]`` for an environment without tools; what
+    :func:`lit_llm.rewards.tool_call_format_reward` reads) unless the batch has a ``tools`` column itself.
+    Advantages are group-relative over the ``num_generations`` episodes of a prompt
+    (:func:`~lit_llm.objectives.compute_advantages`, every option).
 
     Args:
         policy: the generate version (tokens mode, log-probs), as for :class:`RolloutEngine`.
@@ -658,6 +661,18 @@ class EpisodeEngine(RolloutEngine):
                                         chat_template_kwargs=chat_template_kwargs, tools_prompt=tools_prompt)
         context = getattr(getattr(getattr(policy, "model", None), "config", None), "max_position_embeddings", None)
         self.max_input_length = None if context is None else int(context) - self.max_new_tokens
+
+    def episode_settings(self) -> dict[str, Any]:
+        """This engine's episode options as keyword arguments of the constructor (``env_factory``,
+        ``env_reward_weight``, ``max_turns``, ``max_episode_tokens``, ``tool_timeout``, ``step_timeout``,
+        ``batching_timeout``, ``max_batch_size``, ``tools_prompt``): what a twin engine over another generate version
+        needs besides :class:`RolloutEngine`'s options (the asynchronous producer's copy of the weights, the greedy
+        evaluation)."""
+        return {"env_factory": self.env_factory, "env_reward_weight": self.env_reward_weight,
+                "max_turns": self.max_turns, "max_episode_tokens": self.max_episode_tokens,
+                "tool_timeout": self.tool_timeout, "step_timeout": self.step_timeout,
+                "batching_timeout": self.batching_timeout, "max_batch_size": self.max_batch_size,
+                "tools_prompt": self.renderer.tools_prompt}
 
     @property
     def max_completion_length(self) -> int | None:
@@ -805,6 +820,8 @@ class EpisodeEngine(RolloutEngine):
         total = self.env_reward_weight * env_reward
         if self.reward_fn is not None:
             rep_columns = {k: [v for v in col for _ in range(g)] for k, col in columns.items()}
+            if "tools" not in rep_columns:  # each episode's tool schemas (tool_call_format_reward reads them)
+                rep_columns["tools"] = [self.renderer.tool_schemas(getattr(env, "tools", None)) for env in envs]
             fn_total, fn_rewards = self.reward_fn(
                 prompts=[t.messages[:t.num_prompt_messages] for t in trajs],
                 completions=[t.completion_messages for t in trajs],

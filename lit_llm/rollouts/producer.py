@@ -77,19 +77,22 @@ class AsyncRollouts:
     def from_policy(cls, policy: Any, prompts: Iterable[Mapping[str, Any]], *, max_staleness: int = 1,
                     queue_size: int = 1, version: int = 0,
                     rollout_context: Callable[[], AbstractContextManager] | None = None,
-                    **engine_kwargs: Any) -> AsyncRollouts:
+                    engine_cls: type[RolloutEngine] = RolloutEngine, **engine_kwargs: Any) -> AsyncRollouts:
         """Build an engine over a deep copy of ``policy.model`` (same wrapper settings) and wrap it.
 
         Args:
             policy: the generate version (see :class:`RolloutEngine`); its model is copied, not shared.
             prompts, max_staleness, queue_size: see the class.
             version: version of the weights being copied.
-            **engine_kwargs: :class:`RolloutEngine` keyword arguments.
+            engine_cls: the engine class: :class:`RolloutEngine`, or
+                :class:`~lit_llm.rollouts.episodes.EpisodeEngine` for multi-turn episodes (its options, e.g. from
+                :meth:`~lit_llm.rollouts.episodes.EpisodeEngine.episode_settings`, in ``engine_kwargs``).
+            **engine_kwargs: ``engine_cls`` keyword arguments.
         """
         model = copy.deepcopy(policy.model).eval().requires_grad_(False)
         settings = {**policy._settings(), **policy._batching_settings()}
         twin = type(policy)(model, **settings)
-        engine = RolloutEngine(twin, **engine_kwargs, version=version)
+        engine = engine_cls(twin, **engine_kwargs, version=version)
         return cls(engine, prompts, max_staleness=max_staleness, queue_size=queue_size,
                    rollout_context=rollout_context)
 
