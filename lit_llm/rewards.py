@@ -242,6 +242,21 @@ def concise_number_reward(prompts: list, completions: list, completion_ids: list
     return out
 
 
+def _score_bare_integers(completions: list, kwargs: dict[str, Any], name: str,
+                         score: Callable[[Decimal, Decimal], float]) -> list[float | None]:
+    """``score(x, answer)`` for each completion that is exactly an integer ``x`` (stripped), 0.0 for any other
+    completion, ``None`` where column ``answer`` is missing or not a number (``name`` is the reward in errors)."""
+    answers = _column(kwargs, "answer", len(completions), name)
+    out: list[float | None] = []
+    for c, ref in zip(completions, answers):
+        text, target = completion_text(c).strip(), _reference(ref)
+        if target is None:
+            out.append(None)
+        else:
+            out.append(score(normalize_number(text), target) if _INTEGER.fullmatch(text) else 0.0)
+    return out
+
+
 @requires_columns("answer")
 def bare_number_closeness_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,
                                  ) -> list[float | None]:
@@ -257,18 +272,9 @@ def bare_number_closeness_reward(prompts: list, completions: list, completion_id
     Raises:
         ValueError: the ``answer`` column is missing or has the wrong length.
     """
-    answers = _column(kwargs, "answer", len(completions), "bare_number_closeness_reward")
-    out: list[float | None] = []
-    for c, ref in zip(completions, answers):
-        text, target = completion_text(c).strip(), _reference(ref)
-        if target is None:
-            out.append(None)
-        elif _INTEGER.fullmatch(text) is None:
-            out.append(0.0)
-        else:
-            got = normalize_number(text)
-            out.append(max(0.0, 1.0 - float(abs(got - target)) / max(float(abs(target)), 1.0)))
-    return out
+    return _score_bare_integers(completions, kwargs, "bare_number_closeness_reward",
+                                lambda got, target: max(0.0, 1.0 - float(abs(got - target))
+                                                        / max(float(abs(target)), 1.0)))
 
 
 @requires_columns("answer")
@@ -280,13 +286,8 @@ def strict_arithmetic_reward(prompts: list, completions: list, completion_ids: l
     Raises:
         ValueError: the ``answer`` column is missing or has the wrong length.
     """
-    answers = _column(kwargs, "answer", len(completions), "strict_arithmetic_reward")
-    out: list[float | None] = []
-    for c, ref in zip(completions, answers):
-        text, target = completion_text(c).strip(), _reference(ref)
-        out.append(None if target is None else float(_INTEGER.fullmatch(text) is not None
-                                                     and normalize_number(text) == target))
-    return out
+    return _score_bare_integers(completions, kwargs, "strict_arithmetic_reward",
+                                lambda got, target: float(got == target))
 
 
 _TOOLS_BLOCK = re.compile(r"<tools>(.*?)</tools>", re.S)
