@@ -272,9 +272,47 @@ def bare_number_closeness_reward(prompts: list, completions: list, completion_id
     Raises:
         ValueError: the ``answer`` column is missing or has the wrong length.
     """
-    return _score_bare_integers(completions, kwargs, "bare_number_closeness_reward",
-                                lambda got, target: max(0.0, 1.0 - float(abs(got - target))
-                                                        / max(float(abs(target)), 1.0)))
+    return _score_bare_integers(completions, kwargs, "bare_number_closeness_reward", _closeness(1.0))
+
+
+def _closeness(tolerance: float) -> Callable[[Decimal, Decimal], float]:
+    """``max(0, 1 - |x - a| / (tolerance * max(|a|, 1)))``."""
+    return lambda got, target: max(0.0, 1.0 - float(abs(got - target)) / (tolerance * max(float(abs(target)), 1.0)))
+
+
+#: ``(start, end, steps)`` of :func:`bare_number_closeness_curriculum_reward`'s tolerance (a fraction of ``|answer|``).
+CLOSENESS_CURRICULUM = (1.0, 0.1, 40)
+
+
+def closeness_tolerance(step: int) -> float:
+    """The tolerance of :func:`bare_number_closeness_curriculum_reward` at optimizer step ``step``: linear from
+    ``CLOSENESS_CURRICULUM[0]`` at step 0 to ``CLOSENESS_CURRICULUM[1]`` at step ``CLOSENESS_CURRICULUM[2]``, then
+    constant (1.0 -> 0.1 over 40 steps: 0.55 at step 20)."""
+    start, end, steps = CLOSENESS_CURRICULUM
+    return max(end, start - (start - end) * max(int(step), 0) / steps)
+
+
+@requires_columns("answer")
+def bare_number_closeness_curriculum_reward(prompts: list, completions: list, completion_ids: list | None = None,
+                                            trainer_state: TrainerState | None = None, **kwargs: Any,
+                                            ) -> list[float | None]:
+    """:func:`bare_number_closeness_reward` whose window narrows as training goes on: for a bare integer ``x``,
+    ``max(0, 1 - |x - a| / (s * max(|a|, 1)))`` with ``s = closeness_tolerance(trainer_state.global_step)`` (1.0 at
+    step 0, 0.1 from step 40; ``trainer_state=None`` counts as step 0); 0.0 for any other completion; ``None`` where
+    the answer is missing.
+
+    Why: with the wide window (``s = 1``) a constant near the middle of the answers' range (e.g. "105" for every
+    2-digit sum) earns 0.7-1.0 on most problems without computing anything, a local optimum a GRPO run can settle in
+    (every group zero-std); with only the narrow one (``s = 0.1``) almost no early bare number earns anything, so the
+    format is not discovered. Wide first (discovery), narrow before the constant guess sets in
+    (docs/results/grpo_arithmetic.md, issue 17).
+
+    Raises:
+        ValueError: the ``answer`` column is missing or has the wrong length.
+    """
+    step = getattr(trainer_state, "global_step", 0) if trainer_state is not None else 0
+    return _score_bare_integers(completions, kwargs, "bare_number_closeness_curriculum_reward",
+                                _closeness(closeness_tolerance(step)))
 
 
 @requires_columns("answer")
@@ -413,7 +451,8 @@ def tool_call_format_reward(prompts: list, completions: list, completion_ids: li
 
 def builtin_rewards() -> dict[str, RewardFn]:
     """The reward functions shipped in this module, by name (what a bare name in ``reward_funcs`` may be)."""
-    fns = (arithmetic_answer_reward, bare_number_closeness_reward, concise_number_reward, gsm8k_answer_reward,
+    fns = (arithmetic_answer_reward, bare_number_closeness_curriculum_reward, bare_number_closeness_reward,
+           concise_number_reward, gsm8k_answer_reward,
            strict_arithmetic_reward, strict_number_format_reward, tool_call_format_reward)
     return {fn.__name__: fn for fn in fns}
 

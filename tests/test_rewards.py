@@ -19,8 +19,10 @@ from lit_llm.rewards import (
     RewardFunctions,
     TrainerState,
     arithmetic_answer_reward,
+    bare_number_closeness_curriculum_reward,
     bare_number_closeness_reward,
     builtin_rewards,
+    closeness_tolerance,
     concise_number_reward,
     extract_gsm8k_answer,
     gsm8k_answer_reward,
@@ -34,14 +36,15 @@ from lit_llm.rewards import (
     tool_call_format_reward,
 )
 
-BUILTINS = ["arithmetic_answer_reward", "bare_number_closeness_reward", "concise_number_reward", "gsm8k_answer_reward",
+BUILTINS = ["arithmetic_answer_reward", "bare_number_closeness_curriculum_reward", "bare_number_closeness_reward",
+            "concise_number_reward", "gsm8k_answer_reward",
             "strict_arithmetic_reward",
             "strict_number_format_reward", "tool_call_format_reward"]
 # The answer / number-format built-ins the audits below run on bare text prompts (the tool reward needs known tools:
 # its own tests are at the end of this file).
 TEXT_BUILTINS = [n for n in BUILTINS if n != "tool_call_format_reward"]
-ANSWER_REWARDS = [arithmetic_answer_reward, bare_number_closeness_reward, gsm8k_answer_reward,
-                  strict_arithmetic_reward]
+ANSWER_REWARDS = [arithmetic_answer_reward, bare_number_closeness_curriculum_reward, bare_number_closeness_reward,
+                  gsm8k_answer_reward, strict_arithmetic_reward]
 
 
 def chat(text):
@@ -258,7 +261,8 @@ def test_builtin_names_resolve_and_unknown_names_list_them():
     assert sorted(builtin_rewards()) == BUILTINS
     assert resolve_reward("strict_arithmetic_reward") is strict_arithmetic_reward
     assert RewardFunctions(["gsm8k_answer_reward"]).funcs == [gsm8k_answer_reward]
-    listed = r"Built-in reward functions: \['arithmetic_answer_reward', 'bare_number_closeness_reward', " \
+    listed = r"Built-in reward functions: \['arithmetic_answer_reward', 'bare_number_closeness_curriculum_reward', " \
+             r"'bare_number_closeness_reward', " \
              r"'concise_number_reward', " \
              r"'gsm8k_answer_reward', 'strict_arithmetic_reward', 'strict_number_format_reward', " \
              r"'tool_call_format_reward'\]"
@@ -386,7 +390,8 @@ def test_required_columns_from_signatures_and_declarations():
     assert required_columns(Scorer()) == ("ground_truth",)
     assert required_columns(len) == ()  # no signature to read
     assert {n: required_columns(f) for n, f in builtin_rewards().items()} == {
-        "arithmetic_answer_reward": ("answer",), "bare_number_closeness_reward": ("answer",),
+        "arithmetic_answer_reward": ("answer",), "bare_number_closeness_curriculum_reward": ("answer",),
+        "bare_number_closeness_reward": ("answer",),
         "concise_number_reward": (), "gsm8k_answer_reward": ("answer",),
         "strict_arithmetic_reward": ("answer",), "strict_number_format_reward": (), "tool_call_format_reward": ()}
 
@@ -511,3 +516,15 @@ def test_bare_number_closeness_reward_exact_values():
     got = bare_number_closeness_reward([], completions, None, answer=answers)
     assert got == [1.0, 1.0 - 2 / 82, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
     assert bare_number_closeness_reward([], [chat("85"), "7"], None, answer=["-10", None]) == [0.0, None]
+
+
+def test_bare_number_closeness_curriculum_narrows_the_window():
+    # tolerance s: 1.0 at step 0, linear to 0.1 at step 40, then 0.1; reward max(0, 1 - |x - a| / (s * |a|)).
+    assert [closeness_tolerance(t) for t in (0, 20, 40, 100)] == [1.0, 1.0 - 0.9 * 20 / 40, 0.1, 0.1]
+    completions, answers = ["80", "105", "100", "1 + 1"], ["100"] * 4
+    at = {t: bare_number_closeness_curriculum_reward([], completions, None, trainer_state=TrainerState(global_step=t),
+                                                     answer=answers) for t in (0, 20, 40)}
+    assert at[0] == [0.8, 0.95, 1.0, 0.0]
+    assert at[20] == pytest.approx([1 - 20 / 55, 1 - 5 / 55, 1.0, 0.0], rel=1e-12)  # s = 0.55
+    assert at[40] == pytest.approx([0.0, 1 - 5 / 10, 1.0, 0.0], rel=1e-12)
+    assert bare_number_closeness_curriculum_reward([], ["90"], None, answer=["100"]) == [0.9]  # no trainer_state
