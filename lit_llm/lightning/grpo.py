@@ -211,8 +211,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             the environment replies at most (``max_turns = iterations + 1``); give one.
         max_episode_tokens: completion ids per episode at most (sampled + environment ids; ``None``: the context
             bounds it). ``dr_grpo``'s constant denominator with an environment, so required by it.
-        tool_timeout: seconds per tool call (set on each environment that has a ``tool_timeout``; ``None``: the
-            environment's own).
+        tool_timeout: seconds per tool call, overriding the environment's own ``tool_timeout`` (its ``init_args``
+            or class default; a one-time warning names both values when they differ); ``None`` (recommended): the
+            environment's own.
         env_reward_weight: weight of the environment's reward (logged as ``train/rewards/env/mean``) in the total.
 
     Raises:

@@ -31,6 +31,7 @@ import math
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -594,7 +595,8 @@ class EpisodeEngine(RolloutEngine):
         max_episode_tokens: completion ids per episode at most (sampled + environment), ``None``: no budget (the
             context still bounds it). Also :attr:`max_completion_length`, ``dr_grpo``'s constant.
         tool_timeout: seconds per tool call, set as the ``tool_timeout`` attribute of each environment that has one
-            (:class:`~lit_llm.rollouts.envs.ToolEnv`); ``None`` keeps the environment's own.
+            (:class:`~lit_llm.rollouts.envs.ToolEnv`), overriding the environment's own value (a one-time
+            ``UserWarning`` names both when they differ); ``None`` (the default) keeps the environment's own.
         step_timeout: seconds one ``env.step`` may take before its episode ends (``"step_timeout"``).
         batching_timeout: seconds a queued turn waits for other episodes' turns (:data:`EPISODE_BATCHING_TIMEOUT`).
         max_batch_size: most rows per shared forward pass (``None``: every queued turn).
@@ -656,6 +658,7 @@ class EpisodeEngine(RolloutEngine):
         self.max_turns = DEFAULT_MAX_TURNS if max_turns is None else int(max_turns)
         self.max_episode_tokens = max_episode_tokens
         self.tool_timeout, self.step_timeout = tool_timeout, step_timeout
+        self._warned_tool_timeout = False
         self.batching_timeout, self.max_batch_size = float(batching_timeout), max_batch_size
         self.renderer = EpisodeRenderer(tokenizer, chat_template=chat_template,
                                         chat_template_kwargs=chat_template_kwargs, tools_prompt=tools_prompt)
@@ -681,7 +684,9 @@ class EpisodeEngine(RolloutEngine):
 
     # ------------------------------------------------------------------------------------------------ setup
     def make_env(self) -> Any:
-        """A fresh environment from :attr:`env_factory`, with :attr:`tool_timeout` set when it has that attribute.
+        """A fresh environment from :attr:`env_factory`, with :attr:`tool_timeout` set when it has that attribute
+        and :attr:`tool_timeout` is not ``None`` (the engine's value wins; the first environment whose own value
+        differs gets a ``UserWarning`` naming both, once per engine).
 
         Raises:
             RolloutError: the factory raised.
@@ -691,6 +696,12 @@ class EpisodeEngine(RolloutEngine):
         except Exception as e:
             raise RolloutError(f"env_factory {self.env_factory!r:.80} raised {type(e).__name__}: {e}") from e
         if self.tool_timeout is not None and hasattr(env, "tool_timeout"):
+            own = env.tool_timeout
+            if own != self.tool_timeout and not self._warned_tool_timeout:
+                self._warned_tool_timeout = True
+                warnings.warn(f"tool_timeout={self.tool_timeout} (the GRPO module's / engine's) overrides the "
+                              f"environment {_env_name(env)}'s own tool_timeout={own}; set the module's "
+                              f"tool_timeout to null to keep the environment's value.", UserWarning, stacklevel=2)
             env.tool_timeout = self.tool_timeout
         return env
 

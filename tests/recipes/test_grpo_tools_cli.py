@@ -34,6 +34,8 @@ def test_tool_configs_parse(config, capsys):
     assert exc.value.code in (0, None)
     out = capsys.readouterr().out
     assert "environment: calculator" in out and "task: calculator" in out
+    # null: the environment's own tool_timeout (ToolEnv's 10 s or its init_args), not a silent override
+    assert re.findall(r"^ +tool_timeout: (.*)$", out, flags=re.M) == ["null"]
 
 
 def lit_llm(cwd: Path, *args: str, command: str = "fit") -> str:
