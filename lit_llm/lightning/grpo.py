@@ -89,6 +89,47 @@ RewardSpec = str | Callable[..., Any]
 EnvironmentSpec = str | dict[str, Any]
 
 
+class EnvironmentConfig:
+    """An ``environment`` value from a config file or the command line (a string or a ``{class_path, init_args}``
+    dict), held as given until :class:`GRPOModule` unwraps it (:attr:`spec`).
+
+    Why a wrapper: jsonargparse treats any dict with ``class_path`` + ``init_args`` inside a subclass's init args as a
+    class spec of its own and imports ``class_path`` with plain ``__import__`` when it merges configs, so
+    ``{class_path: my_agent.MyEnv, init_args: ...}`` failed with ``No module named 'my_agent'`` for a module in the
+    current directory and ``my_agent:MyEnv`` / ``path/to/file.py:MyEnv`` failed as import paths. Registered as a
+    jsonargparse type (its value serializes back to the plain spec in ``--print_config`` and saved configs), the
+    spec reaches :func:`~lit_llm.rollouts.envs.resolve_environment` untouched, whose loader puts the cwd first.
+    """
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: EnvironmentSpec) -> None:
+        if isinstance(spec, EnvironmentConfig):
+            spec = spec.spec
+        if not isinstance(spec, (str, dict)):
+            raise ValueError(f"environment must be a built-in name, an import path 'my_agent:MyEnv' or a "
+                             f"{{class_path: ..., init_args: {{...}}}} mapping, got {type(spec).__name__} "
+                             f"{spec!r:.80}.")
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return f"EnvironmentConfig({self.spec!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EnvironmentConfig) and other.spec == self.spec
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _register_environment_config() -> None:
+    from jsonargparse.typing import register_type
+
+    register_type(EnvironmentConfig, serializer=lambda c: c.spec, deserializer=EnvironmentConfig)
+
+
+_register_environment_config()
+
+
 def environment_hparam(spec: Any) -> Any:
     """``spec`` as the module's ``environment`` hyperparameter: a class or function (also a dict's ``class_path``)
     becomes its import path ``"module:QualifiedName"``, so checkpoints hold plain data (Lightning loads them with
@@ -247,7 +288,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  importance_sampling_level: Literal["token", "sequence"] = "token", entropy_coef: float = 0.0,
                  old_log_probs: Literal["rollout", "recompute"] = "rollout",
                  rollout_correction: RolloutCorrection = "none", rollout_correction_clip_max: float = 2.0,
-                 rollout_correction_clip_min: float | None = None, environment: EnvironmentSpec | None = None,
+                 rollout_correction_clip_min: float | None = None,
+                 environment: EnvironmentConfig | EnvironmentSpec | None = None,
                  max_turns: int | None = None, max_tool_calling_iterations: int | None = None,
                  max_episode_tokens: int | None = None, tool_timeout: float | None = None,
                  env_reward_weight: float = 1.0) -> None:
@@ -284,6 +326,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             raise ValueError(f"GRPOModule: rollout_mode must be 'sync' or 'async', got {rollout_mode!r}.")
         if beta < 0:
             raise ValueError(f"GRPOModule: beta must be >= 0, got {beta}.")
+        if isinstance(environment, EnvironmentConfig):  # from the CLI: the plain spec (also in hparams)
+            environment = environment.spec
         episode_options = {"max_turns": max_turns, "max_tool_calling_iterations": max_tool_calling_iterations,
                            "max_episode_tokens": max_episode_tokens, "tool_timeout": tool_timeout}
         if environment is None:
