@@ -52,8 +52,10 @@ whole episodes; validation runs greedy episodes (``eval/env_reward``, ``eval/too
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -77,7 +79,8 @@ from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutEngine
 from lit_llm.rollouts.engine import RESERVED_KEYS, _mix_seed
 from lit_llm.rollouts.envs import resolve_environment
 
-__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_old_log_probs", "environment_hparam"]
+__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_old_log_probs", "environment_hparam",
+           "environment_unresolved"]
 
 #: Shaped arithmetic reward (the base model rarely answers with just the number: format + answer).
 DEFAULT_REWARDS = ("lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
@@ -128,6 +131,32 @@ def _register_environment_config() -> None:
 
 
 _register_environment_config()
+
+
+_ENVIRONMENT_UNRESOLVED: contextvars.ContextVar[bool] = contextvars.ContextVar("lit_llm_environment_unresolved",
+                                                                               default=False)
+
+
+@contextlib.contextmanager
+def environment_unresolved() -> Iterator[None]:
+    """Within this context, :class:`GRPOModule` keeps its ``environment`` spec without importing it: what loading a
+    checkpoint for its weights alone needs (``lit-llm export``, ``chat``, ``evaluate``; see
+    :func:`lit_llm.lightning.export.load_checkpoint_module`), from a folder where the environment's module is not
+    importable. The module's ``env_factory`` then raises ``RuntimeError`` when called (episodes need the
+    environment), and ``hparams["environment"]`` stays as saved."""
+    token = _ENVIRONMENT_UNRESOLVED.set(True)
+    try:
+        yield
+    finally:
+        _ENVIRONMENT_UNRESOLVED.reset(token)
+
+
+def _unresolved_factory(spec: Any) -> Callable[[], Any]:
+    def make() -> Any:
+        raise RuntimeError(f"GRPOModule: this module was loaded for its weights only, without importing its "
+                           f"environment {spec!r:.100} (environment_unresolved); rebuild it outside that context (e.g. "
+                           f"lit-llm fit / validate from the run's folder) to run episodes.")
+    return make
 
 
 def environment_hparam(spec: Any) -> Any:
@@ -355,7 +384,12 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                                                                               eval_samples)
         self.eval_max_new_tokens = eval_max_new_tokens or max_new_tokens
         self.environment = environment
-        self.env_factory = None if environment is None else resolve_environment(environment)
+        if environment is None:
+            self.env_factory = None
+        elif _ENVIRONMENT_UNRESOLVED.get():  # loaded for the weights alone (export): the spec is not imported
+            self.env_factory = _unresolved_factory(environment)
+        else:
+            self.env_factory = resolve_environment(environment)
         if environment is not None:  # checkpoints hold an import path, not a class (resume loads weights_only)
             self.hparams["environment"] = environment_hparam(environment)
         if reward_funcs is None:
