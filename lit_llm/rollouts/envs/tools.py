@@ -549,13 +549,15 @@ class ToolEnv(Environment):
             episode ends at the first failing call of a turn (later calls of that turn are not run).
         tool_error_penalty: subtracted from the step's reward once per failing call (``"continue"``) or once
             (``"end"``); ``>= 0``.
-        max_calls_per_turn: calls run per turn; the rest are refused with one error message (counted as one error).
+        max_calls_per_turn: calls run per turn; the rest are refused with one error message, each refused call
+            counted as a call and an error (and penalized as a failing call).
 
     Attributes:
         tokenizer: ``None``, or a tokenizer whose ``response_template`` :func:`parse_tool_calls` uses (the engine
             may set it).
 
-    ``EnvStep.info`` of a turn with calls: ``tool_calls`` (calls attempted; an unparseable turn counts 1),
+    ``EnvStep.info`` of a turn with calls: ``tool_calls`` (calls made, refused ones included; an unparseable turn
+    counts 1; with ``on_tool_error="end"`` the calls after the first failing one are not run nor counted),
     ``tool_errors``, ``tool_time`` (seconds), ``tool_results`` (the :class:`ToolResult` list) and, when the episode
     ends, ``reason``: ``"answer"`` (a turn without calls), ``"tool_error"``, ``"tool_timeout"`` or ``"parse_error"``.
 
@@ -653,21 +655,25 @@ class ToolEnv(Environment):
             results.append(result)
             if not result.ok and self.on_tool_error == "end":
                 return self._reply(results, len(results))
-        if len(calls) > self.max_calls_per_turn:
+        refused = max(len(calls) - self.max_calls_per_turn, 0)
+        if refused:
             results.append(ToolResult("too_many_tool_calls", f"Error: {len(calls)} tool calls in one turn; only the "
                                       f"first {self.max_calls_per_turn} were run.", error="too_many_calls"))
-        return self._reply(results, min(len(calls), self.max_calls_per_turn))
+        return self._reply(results, len(calls), refused=refused)
 
     def _tools(self) -> list[Tool]:
         if not all(isinstance(t, Tool) for t in self.tools):
             self.tools = _as_tools(self.tools)
         return list(self.tools)
 
-    def _reply(self, results: list[ToolResult], attempted: int) -> EnvStep:
+    def _reply(self, results: list[ToolResult], attempted: int, *, refused: int = 0) -> EnvStep:
+        """``refused`` calls (past ``max_calls_per_turn``, one message in ``results``) count as that many calls in
+        ``attempted`` and as that many errors, so ``0 <= tool_errors <= tool_calls``."""
         failed = [r for r in results if not r.ok]
-        info: dict[str, Any] = {"tool_calls": attempted, "tool_errors": len(failed),
+        errors = len(failed) - (1 if refused else 0) + refused
+        info: dict[str, Any] = {"tool_calls": attempted, "tool_errors": errors,
                                 "tool_time": sum(r.elapsed for r in results), "tool_results": results}
         if failed and self.on_tool_error == "end":
             info["reason"] = _REASONS.get(failed[0].error or "", "tool_error")
             return EnvStep([], reward=0.0 - self.tool_error_penalty, done=True, info=info)
-        return EnvStep([r.message for r in results], reward=0.0 - self.tool_error_penalty * len(failed), info=info)
+        return EnvStep([r.message for r in results], reward=0.0 - self.tool_error_penalty * errors, info=info)
