@@ -180,18 +180,12 @@ class EpisodeRenderer:
                         ) -> list[dict]:
         """The initial messages as the model sees them: unchanged when there is no tool or the template reads
         ``tools``; otherwise the tools' description (:attr:`tools_prompt`) ends the system message (one is added
-        first when there is none)."""
-        msgs = [dict(m) for m in messages]
+        first when there is none): :func:`~lit_llm.rollouts.envs.prompt_with_tools`, as the SFT traces."""
+        from lit_llm.rollouts.envs import prompt_with_tools
+
         if not tools or self.takes_tools:
-            return msgs
-        describe = self.tools_prompt
-        if describe is None:
-            from lit_llm.rollouts.envs import tools_system_prompt as describe
-        text = describe(list(tools))
-        if msgs and msgs[0].get("role") == "system":
-            msgs[0]["content"] = f"{msgs[0]['content']}\n\n{text}" if msgs[0]["content"] else text
-            return msgs
-        return [{"role": "system", "content": text}, *msgs]
+            return [dict(m) for m in messages]
+        return prompt_with_tools(messages, list(tools), template_takes_tools=False, describe=self.tools_prompt)[0]
 
     # -------------------------------------------------------------------------------------------------- renders
     def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> Tensor:

@@ -464,22 +464,26 @@ def tools_system_prompt(tools: Sequence[Tool | Callable[..., Any] | Mapping[str,
 
 def prompt_with_tools(messages: Sequence[Mapping[str, Any]],
                       tools: Sequence[Tool | Callable[..., Any] | Mapping[str, Any]], *,
-                      template_takes_tools: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+                      template_takes_tools: bool, describe: Callable[[list], str] | None = None,
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """How a tool task's conversation meets the chat template: the messages to render and the ``tools=`` argument.
 
     * ``template_takes_tools`` (Qwen2.5 / Qwen3 / Llama-3.1; see :func:`template_supports_tools`): the messages
       unchanged and the tools' schemas, for the template's ``tools=``;
-    * else (SmolLM2): the tools described by a system message (:func:`tools_system_prompt`) and ``None``. A leading
-      system message of ``messages`` is kept after the description, in the same message:
-      ``tools_system_prompt(tools) + "\n\n" + its content``.
+    * else (SmolLM2): the tools described by a system message (``describe(tools)``, default
+      :func:`tools_system_prompt`) and ``None``. A leading system message of ``messages`` comes first, the
+      description after it in the same message: ``its content + "\n\n" + description`` (the description alone when
+      the content is empty), as Qwen's templates place their ``# Tools`` section.
 
-    Used alike for the first render of an episode and for SFT traces
-    (:meth:`~lit_llm.rollouts.envs.CalculatorEnv.make_sft_rows`), so a warmed-up model sees the same prompt in RL.
+    The one function behind the first render of an episode (:meth:`~lit_llm.rollouts.episodes.EpisodeRenderer.
+    prompt_messages`) and the SFT traces (:meth:`~lit_llm.rollouts.envs.CalculatorEnv.make_sft_rows`), so a
+    warmed-up model sees the same prompt in RL.
 
     Args:
         messages: the conversation (copied; not modified).
         tools: :class:`Tool` objects, callables or schema dicts; empty: ``(messages, None)``.
         template_takes_tools: whether the chat template renders ``tools=``.
+        describe: ``fn(list of tools) -> str``, the system text describing them (default :func:`tools_system_prompt`).
 
     Returns:
         ``(messages, tools_argument)``.
@@ -492,9 +496,10 @@ def prompt_with_tools(messages: Sequence[Mapping[str, Any]],
         return out, None
     if template_takes_tools:
         return out, _schemas(tools)
-    text = tools_system_prompt(tools)
+    text = (describe or tools_system_prompt)(list(tools))
     if out and out[0].get("role") == "system":
-        return [{**out[0], "content": text + "\n\n" + out[0]["content"]}, *out[1:]], None
+        own = out[0]["content"]
+        return [{**out[0], "content": f"{own}\n\n{text}" if own else text}, *out[1:]], None
     return [{"role": "system", "content": text}, *out], None
 
 
