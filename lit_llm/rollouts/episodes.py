@@ -400,8 +400,10 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
 
     * the environment says ``done`` (its ``info["reason"]``, default ``"done"``; not truncated; messages returned
       with ``done`` are not rendered: no model turn follows);
-    * ``max_turns`` model turns were sampled and the last step is not ``done`` (``"max_turns"``; that step's
-      messages are dropped);
+    * ``max_turns`` model turns were sampled and the last step is not ``done`` (``"max_turns"``). The last allowed
+      turn is still stepped (it may be the final answer the environment scores), so tool calls in it *do run*:
+      their ``tool_calls`` / ``tool_errors`` / ``tool_time`` and that step's reward count in the trajectory, while
+      the step's messages (the tool results) are dropped, since no model turn follows to read them;
     * a turn hit the generate version's ``max_new_tokens`` without a stop token (``"max_new_tokens"``; the
       environment is not stepped: the turn has no end to append a suffix after);
     * the completion would exceed ``max_episode_tokens`` ids (sampled + environment): a turn is cut to the budget
@@ -702,10 +704,19 @@ class EpisodeEngine(RolloutEngine):
     def check_columns(self, columns: Sequence[str], *, source: str = "the dataset", env: Any = None) -> None:
         """Check that the prompt rows hold every column the environment's ``reset`` needs (``required_columns``).
 
+        ``env``: the environment to ask; ``None``: a fresh one from :meth:`make_env`, closed (``close()``, when it
+        has one) after the check.
+
         Raises:
             RolloutError: naming the environment, the missing columns and ``source``'s columns.
         """
-        env = self.make_env() if env is None else env
+        if env is None:
+            env = self.make_env()
+            try:
+                return self.check_columns(columns, source=source, env=env)
+            finally:
+                if callable(getattr(env, "close", None)):
+                    env.close()
         have = {"prompt", "sample_id", *columns}
         missing = [c for c in getattr(env, "required_columns", ()) or () if c not in have]
         if missing:

@@ -234,3 +234,19 @@ def test_a_failing_episode_stops_the_others_and_names_itself(tokenizer):
     assert isinstance(err, RolloutError) and "FailsOnB.step raised ValueError: broken env" in str(err)
     assert any(n.startswith("in episode ") and "(prompt 1" in n for n in err.__notes__)
     assert engine.num_policy_calls < 10  # prompt A's episodes did not run to their end
+
+
+def test_check_columns_closes_the_environment_it_builds(tokenizer):
+    made = []
+
+    def factory():
+        made.append(GuessEnv())
+        return made[-1]
+    engine = EpisodeEngine(scripted(tokenizer), tokenizer=tokenizer, env_factory=factory, num_generations=2)
+    engine.check_columns(["answer"])
+    with pytest.raises(RolloutError, match=r"needs the column\(s\) \['answer'\]"):
+        engine.check_columns([])
+    assert [env.closed for env in made] == [True, True]
+    given = GuessEnv()
+    engine.check_columns(["answer"], env=given)
+    assert given.closed is False  # a caller's environment stays open
