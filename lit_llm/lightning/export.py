@@ -4,6 +4,7 @@ load a checkpoint's module (full weights or LoRA adapters) or a model name's pol
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -84,7 +85,7 @@ def _umask_permissions(root: Path) -> None:
 
 
 def load_checkpoint_module(ckpt_path: str | os.PathLike, *, who: str = "lit-llm", option: str = "--ckpt_path",
-                           map_location: str = "cpu") -> Any:
+                           map_location: str = "cpu", resolve_environment: bool = False) -> Any:
     """The :class:`~lit_llm.lightning.module.PolicyModule` of a ``lit-llm fit`` checkpoint, in eval mode.
 
     The module class (``_class_path`` of the checkpoint's hyper-parameters: any ``PolicyModule`` subclass, e.g.
@@ -99,6 +100,10 @@ def load_checkpoint_module(ckpt_path: str | os.PathLike, *, who: str = "lit-llm"
         ckpt_path: a ``.ckpt`` file written by ``lit-llm fit``.
         who, option: the command and option named in error messages.
         map_location: where the tensors go (``torch.load``'s argument).
+        resolve_environment: import a ``GRPOModule``'s ``environment`` (needed to run episodes). ``False``
+            (default): the weights alone, so a checkpoint of an agent run loads from any folder, even where the
+            environment's module (e.g. ``my_agent.py`` of the run's folder) is not importable
+            (:func:`~lit_llm.lightning.grpo.environment_unresolved`; the saved hyper-parameters are kept as they are).
 
     Raises:
         FileNotFoundError: ``ckpt_path`` does not exist; the base model of a LoRA checkpoint cannot be loaded.
@@ -107,7 +112,11 @@ def load_checkpoint_module(ckpt_path: str | os.PathLike, *, who: str = "lit-llm"
     """
     ckpt = Path(ckpt_path).expanduser()
     _check_checkpoint_file(ckpt, who, option)
-    module = _module_class(ckpt).load_from_checkpoint(str(ckpt), map_location=map_location, weights_only=False)
+    from lit_llm.lightning.grpo import environment_unresolved
+
+    cls = _module_class(ckpt)
+    with contextlib.nullcontext() if resolve_environment else environment_unresolved():
+        module = cls.load_from_checkpoint(str(ckpt), map_location=map_location, weights_only=False)
     module.eval()
     return module
 

@@ -52,8 +52,10 @@ whole episodes; validation runs greedy episodes (``eval/env_reward``, ``eval/too
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -77,7 +79,8 @@ from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutEngine
 from lit_llm.rollouts.engine import RESERVED_KEYS, _mix_seed
 from lit_llm.rollouts.envs import resolve_environment
 
-__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_old_log_probs", "environment_hparam"]
+__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_old_log_probs", "environment_hparam",
+           "environment_unresolved"]
 
 #: Shaped arithmetic reward (the base model rarely answers with just the number: format + answer).
 DEFAULT_REWARDS = ("lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
@@ -87,6 +90,73 @@ RewardSpec = str | Callable[..., Any]
 #: An environment spec (:func:`~lit_llm.rollouts.envs.resolve_environment`): a built-in name, an import path, a
 #: ``{"class_path": ..., "init_args": {...}}`` dict (or, in Python, a class or factory).
 EnvironmentSpec = str | dict[str, Any]
+
+
+class EnvironmentConfig:
+    """An ``environment`` value from a config file or the command line (a string or a ``{class_path, init_args}``
+    dict), held as given until :class:`GRPOModule` unwraps it (:attr:`spec`).
+
+    Why a wrapper: jsonargparse treats any dict with ``class_path`` + ``init_args`` inside a subclass's init args as a
+    class spec of its own and imports ``class_path`` with plain ``__import__`` when it merges configs, so
+    ``{class_path: my_agent.MyEnv, init_args: ...}`` failed with ``No module named 'my_agent'`` for a module in the
+    current directory and ``my_agent:MyEnv`` / ``path/to/file.py:MyEnv`` failed as import paths. Registered as a
+    jsonargparse type (its value serializes back to the plain spec in ``--print_config`` and saved configs), the
+    spec reaches :func:`~lit_llm.rollouts.envs.resolve_environment` untouched, whose loader puts the cwd first.
+    """
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: EnvironmentSpec) -> None:
+        if isinstance(spec, EnvironmentConfig):
+            spec = spec.spec
+        if not isinstance(spec, (str, dict)):
+            raise ValueError(f"environment must be a built-in name, an import path 'my_agent:MyEnv' or a "
+                             f"{{class_path: ..., init_args: {{...}}}} mapping, got {type(spec).__name__} "
+                             f"{spec!r:.80}.")
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return f"EnvironmentConfig({self.spec!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EnvironmentConfig) and other.spec == self.spec
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _register_environment_config() -> None:
+    from jsonargparse.typing import register_type
+
+    register_type(EnvironmentConfig, serializer=lambda c: c.spec, deserializer=EnvironmentConfig)
+
+
+_register_environment_config()
+
+
+_ENVIRONMENT_UNRESOLVED: contextvars.ContextVar[bool] = contextvars.ContextVar("lit_llm_environment_unresolved",
+                                                                               default=False)
+
+
+@contextlib.contextmanager
+def environment_unresolved() -> Iterator[None]:
+    """Within this context, :class:`GRPOModule` keeps its ``environment`` spec without importing it: what loading a
+    checkpoint for its weights alone needs (``lit-llm export``, ``chat``, ``evaluate``; see
+    :func:`lit_llm.lightning.export.load_checkpoint_module`), from a folder where the environment's module is not
+    importable. The module's ``env_factory`` then raises ``RuntimeError`` when called (episodes need the
+    environment), and ``hparams["environment"]`` stays as saved."""
+    token = _ENVIRONMENT_UNRESOLVED.set(True)
+    try:
+        yield
+    finally:
+        _ENVIRONMENT_UNRESOLVED.reset(token)
+
+
+def _unresolved_factory(spec: Any) -> Callable[[], Any]:
+    def make() -> Any:
+        raise RuntimeError(f"GRPOModule: this module was loaded for its weights only, without importing its "
+                           f"environment {spec!r:.100} (environment_unresolved); rebuild it outside that context (e.g. "
+                           f"lit-llm fit / validate from the run's folder) to run episodes.")
+    return make
 
 
 def environment_hparam(spec: Any) -> Any:
@@ -211,8 +281,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             the environment replies at most (``max_turns = iterations + 1``); give one.
         max_episode_tokens: completion ids per episode at most (sampled + environment ids; ``None``: the context
             bounds it). ``dr_grpo``'s constant denominator with an environment, so required by it.
-        tool_timeout: seconds per tool call (set on each environment that has a ``tool_timeout``; ``None``: the
-            environment's own).
+        tool_timeout: seconds per tool call, overriding the environment's own ``tool_timeout`` (its ``init_args``
+            or class default; a one-time warning names both values when they differ); ``None`` (recommended): the
+            environment's own.
         env_reward_weight: weight of the environment's reward (logged as ``train/rewards/env/mean``) in the total.
 
     Raises:
@@ -246,7 +317,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  importance_sampling_level: Literal["token", "sequence"] = "token", entropy_coef: float = 0.0,
                  old_log_probs: Literal["rollout", "recompute"] = "rollout",
                  rollout_correction: RolloutCorrection = "none", rollout_correction_clip_max: float = 2.0,
-                 rollout_correction_clip_min: float | None = None, environment: EnvironmentSpec | None = None,
+                 rollout_correction_clip_min: float | None = None,
+                 environment: EnvironmentConfig | EnvironmentSpec | None = None,
                  max_turns: int | None = None, max_tool_calling_iterations: int | None = None,
                  max_episode_tokens: int | None = None, tool_timeout: float | None = None,
                  env_reward_weight: float = 1.0) -> None:
@@ -283,6 +355,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             raise ValueError(f"GRPOModule: rollout_mode must be 'sync' or 'async', got {rollout_mode!r}.")
         if beta < 0:
             raise ValueError(f"GRPOModule: beta must be >= 0, got {beta}.")
+        if isinstance(environment, EnvironmentConfig):  # from the CLI: the plain spec (also in hparams)
+            environment = environment.spec
         episode_options = {"max_turns": max_turns, "max_tool_calling_iterations": max_tool_calling_iterations,
                            "max_episode_tokens": max_episode_tokens, "tool_timeout": tool_timeout}
         if environment is None:
@@ -310,7 +384,12 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                                                                               eval_samples)
         self.eval_max_new_tokens = eval_max_new_tokens or max_new_tokens
         self.environment = environment
-        self.env_factory = None if environment is None else resolve_environment(environment)
+        if environment is None:
+            self.env_factory = None
+        elif _ENVIRONMENT_UNRESOLVED.get():  # loaded for the weights alone (export): the spec is not imported
+            self.env_factory = _unresolved_factory(environment)
+        else:
+            self.env_factory = resolve_environment(environment)
         if environment is not None:  # checkpoints hold an import path, not a class (resume loads weights_only)
             self.hparams["environment"] = environment_hparam(environment)
         if reward_funcs is None:

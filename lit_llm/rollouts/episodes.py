@@ -31,6 +31,7 @@ import math
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -179,18 +180,12 @@ class EpisodeRenderer:
                         ) -> list[dict]:
         """The initial messages as the model sees them: unchanged when there is no tool or the template reads
         ``tools``; otherwise the tools' description (:attr:`tools_prompt`) ends the system message (one is added
-        first when there is none)."""
-        msgs = [dict(m) for m in messages]
+        first when there is none): :func:`~lit_llm.rollouts.envs.prompt_with_tools`, as the SFT traces."""
+        from lit_llm.rollouts.envs import prompt_with_tools
+
         if not tools or self.takes_tools:
-            return msgs
-        describe = self.tools_prompt
-        if describe is None:
-            from lit_llm.rollouts.envs import tools_system_prompt as describe
-        text = describe(list(tools))
-        if msgs and msgs[0].get("role") == "system":
-            msgs[0]["content"] = f"{msgs[0]['content']}\n\n{text}" if msgs[0]["content"] else text
-            return msgs
-        return [{"role": "system", "content": text}, *msgs]
+            return [dict(m) for m in messages]
+        return prompt_with_tools(messages, list(tools), template_takes_tools=False, describe=self.tools_prompt)[0]
 
     # -------------------------------------------------------------------------------------------------- renders
     def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> Tensor:
@@ -405,8 +400,10 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
 
     * the environment says ``done`` (its ``info["reason"]``, default ``"done"``; not truncated; messages returned
       with ``done`` are not rendered: no model turn follows);
-    * ``max_turns`` model turns were sampled and the last step is not ``done`` (``"max_turns"``; that step's
-      messages are dropped);
+    * ``max_turns`` model turns were sampled and the last step is not ``done`` (``"max_turns"``). The last allowed
+      turn is still stepped (it may be the final answer the environment scores), so tool calls in it *do run*:
+      their ``tool_calls`` / ``tool_errors`` / ``tool_time`` and that step's reward count in the trajectory, while
+      the step's messages (the tool results) are dropped, since no model turn follows to read them;
     * a turn hit the generate version's ``max_new_tokens`` without a stop token (``"max_new_tokens"``; the
       environment is not stepped: the turn has no end to append a suffix after);
     * the completion would exceed ``max_episode_tokens`` ids (sampled + environment): a turn is cut to the budget
@@ -594,7 +591,8 @@ class EpisodeEngine(RolloutEngine):
         max_episode_tokens: completion ids per episode at most (sampled + environment), ``None``: no budget (the
             context still bounds it). Also :attr:`max_completion_length`, ``dr_grpo``'s constant.
         tool_timeout: seconds per tool call, set as the ``tool_timeout`` attribute of each environment that has one
-            (:class:`~lit_llm.rollouts.envs.ToolEnv`); ``None`` keeps the environment's own.
+            (:class:`~lit_llm.rollouts.envs.ToolEnv`), overriding the environment's own value (a one-time
+            ``UserWarning`` names both when they differ); ``None`` (the default) keeps the environment's own.
         step_timeout: seconds one ``env.step`` may take before its episode ends (``"step_timeout"``).
         batching_timeout: seconds a queued turn waits for other episodes' turns (:data:`EPISODE_BATCHING_TIMEOUT`).
         max_batch_size: most rows per shared forward pass (``None``: every queued turn).
@@ -656,6 +654,7 @@ class EpisodeEngine(RolloutEngine):
         self.max_turns = DEFAULT_MAX_TURNS if max_turns is None else int(max_turns)
         self.max_episode_tokens = max_episode_tokens
         self.tool_timeout, self.step_timeout = tool_timeout, step_timeout
+        self._warned_tool_timeout = False
         self.batching_timeout, self.max_batch_size = float(batching_timeout), max_batch_size
         self.renderer = EpisodeRenderer(tokenizer, chat_template=chat_template,
                                         chat_template_kwargs=chat_template_kwargs, tools_prompt=tools_prompt)
@@ -681,7 +680,9 @@ class EpisodeEngine(RolloutEngine):
 
     # ------------------------------------------------------------------------------------------------ setup
     def make_env(self) -> Any:
-        """A fresh environment from :attr:`env_factory`, with :attr:`tool_timeout` set when it has that attribute.
+        """A fresh environment from :attr:`env_factory`, with :attr:`tool_timeout` set when it has that attribute
+        and :attr:`tool_timeout` is not ``None`` (the engine's value wins; the first environment whose own value
+        differs gets a ``UserWarning`` naming both, once per engine).
 
         Raises:
             RolloutError: the factory raised.
@@ -691,16 +692,31 @@ class EpisodeEngine(RolloutEngine):
         except Exception as e:
             raise RolloutError(f"env_factory {self.env_factory!r:.80} raised {type(e).__name__}: {e}") from e
         if self.tool_timeout is not None and hasattr(env, "tool_timeout"):
+            own = env.tool_timeout
+            if own != self.tool_timeout and not self._warned_tool_timeout:
+                self._warned_tool_timeout = True
+                warnings.warn(f"tool_timeout={self.tool_timeout} (the GRPO module's / engine's) overrides the "
+                              f"environment {_env_name(env)}'s own tool_timeout={own}; set the module's "
+                              f"tool_timeout to null to keep the environment's value.", UserWarning, stacklevel=2)
             env.tool_timeout = self.tool_timeout
         return env
 
     def check_columns(self, columns: Sequence[str], *, source: str = "the dataset", env: Any = None) -> None:
         """Check that the prompt rows hold every column the environment's ``reset`` needs (``required_columns``).
 
+        ``env``: the environment to ask; ``None``: a fresh one from :meth:`make_env`, closed (``close()``, when it
+        has one) after the check.
+
         Raises:
             RolloutError: naming the environment, the missing columns and ``source``'s columns.
         """
-        env = self.make_env() if env is None else env
+        if env is None:
+            env = self.make_env()
+            try:
+                return self.check_columns(columns, source=source, env=env)
+            finally:
+                if callable(getattr(env, "close", None)):
+                    env.close()
         have = {"prompt", "sample_id", *columns}
         missing = [c for c in getattr(env, "required_columns", ()) or () if c not in have]
         if missing:

@@ -133,3 +133,32 @@ def test_evaluate_gsm8k_from_lit_llm(ckpt, tmp_path, capsys):
     direct = evaluate_gsm8k(module.model, module.tokenizer, str(data), limit=None, max_new_tokens=4, batch_size=2)
     assert [r["completion"] for r in res.rows] == [r["completion"] for r in direct.rows]
     assert summary["accuracy"] == direct.accuracy
+
+
+def test_export_of_an_agent_checkpoint_whose_environment_is_not_importable(tmp_path):
+    """``lit-llm export`` needs only the weights: a GRPO checkpoint whose ``environment`` names a module that is not
+    importable here (``my_agent.py`` left in the run's folder) exports the same weights; the loaded module keeps the
+    spec in its hparams and refuses to build the environment."""
+    import lightning
+    from transformers import AutoModelForCausalLM
+
+    from lit_llm.lightning.grpo import GRPOModule
+
+    module = GRPOModule("tiny", environment="calculator", max_turns=2)
+    spec = {"class_path": "lit_llm_missing_agent:CapitalEnv", "init_args": {"tool_timeout": 2.0}}
+    hparams = {**module.hparams, "environment": spec, "_class_path": "lit_llm.lightning.grpo.GRPOModule"}
+    path = tmp_path / "last.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": hparams,
+                "pytorch-lightning_version": lightning.__version__}, path)
+    with pytest.raises(ValueError, match="lit_llm_missing_agent"):
+        load_checkpoint_module(path, resolve_environment=True)
+    loaded = load_checkpoint_module(path)
+    assert loaded.hparams["environment"] == spec
+    with pytest.raises(RuntimeError, match="loaded for its weights only"):
+        loaded.env_factory()
+    out = export_checkpoint(path, tmp_path / "hf")
+    exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    expected = module.model.state_dict()
+    assert sorted(exported) == sorted(expected)
+    assert all(torch.equal(exported[k], expected[k]) for k in expected)
+    assert torch.load(path, weights_only=False)["hyper_parameters"]["environment"] == spec

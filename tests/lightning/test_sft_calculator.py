@@ -79,7 +79,7 @@ def test_calculator_format_options_and_errors(tokenizer):
         data(tokenizer, loss_head="sft")
     dm = data(tokenizer, system_prompt="Be brief.")
     text = tokenizer.decode(dm.train_samples[0].input_ids)
-    assert "</tool_call>\n\nEach result comes back" in text and "reply with it and no tool call.\n\nBe brief." in text
+    assert "</tool_call>\n\nEach result comes back" in text and "Be brief.\n\n# Tools" in text
 
 
 @pytest.mark.slow

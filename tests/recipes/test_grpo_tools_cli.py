@@ -34,6 +34,8 @@ def test_tool_configs_parse(config, capsys):
     assert exc.value.code in (0, None)
     out = capsys.readouterr().out
     assert "environment: calculator" in out and "task: calculator" in out
+    # null: the environment's own tool_timeout (ToolEnv's 10 s or its init_args), not a silent override
+    assert re.findall(r"^ +tool_timeout: (.*)$", out, flags=re.M) == ["null"]
 
 
 def lit_llm(cwd: Path, *args: str, command: str = "fit") -> str:
@@ -144,3 +146,34 @@ def test_readme_agent_example_trains(tmp_path):
     assert all(s["sample_id"].startswith("capitals.jsonl:") for s in samples)
     answers = {line.split('"answer": "')[1].split('"')[0] for line in example["capitals.jsonl"].splitlines()}
     assert {s["reference"] for s in samples} <= answers
+
+
+@pytest.mark.parametrize("class_path", ["my_agent.CapitalEnv", "my_agent:CapitalEnv", "{cwd}/my_agent.py:CapitalEnv",
+                                        "my_agent.py:CapitalEnv"])
+def test_environment_dict_class_path_from_a_config_loads_from_the_cwd(class_path, tmp_path, monkeypatch):
+    """``environment: {class_path: ..., init_args: ...}`` in a YAML config, the module in the current directory and
+    not on ``sys.path`` (as with the ``lit-llm`` console script): every string form of the plain spec works, the
+    init_args reach the environment, the hparam keeps the dict as written."""
+    from lightning.pytorch import LightningDataModule
+
+    from lit_llm.lightning.cli import LitLLMCLI
+    from lit_llm.lightning.module import PolicyModule
+
+    (tmp_path / "my_agent.py").write_text(readme_example()["my_agent.py"], encoding="utf-8")
+    class_path = class_path.format(cwd=tmp_path)
+    (tmp_path / "agent.yaml").write_text(f"model:\n  init_args:\n    environment:\n      class_path: {class_path}\n"
+                                         f"      init_args: {{tool_timeout: 2.0}}\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_agent", raising=False)
+    try:
+        cli = LitLLMCLI(PolicyModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                        run=False, args=["--config", str(ROOT / "configs" / "grpo_tools_tiny.yaml"), "--config",
+                                         "agent.yaml", "--wandb", "false", "--trainer.default_root_dir",
+                                         str(tmp_path)])
+        env = cli.model.env_factory()
+        assert (type(env).__name__, env.tool_timeout, [t.name for t in env.tools]) == ("CapitalEnv", 2.0,
+                                                                                        ["capital_of"])
+        assert cli.model.hparams["environment"] == {"class_path": class_path, "init_args": {"tool_timeout": 2.0}}
+    finally:
+        sys.modules.pop("my_agent", None)

@@ -227,6 +227,19 @@ def test_max_turns_ends_truncated_and_drops_the_last_reply(tokenizer):
     assert len(env.seen) == 2  # the last turn was still shown to the environment (it may be the answer)
 
 
+def test_last_allowed_turn_is_stepped_its_tool_counts_and_reward_kept_its_messages_dropped(tokenizer):
+    """As run_episode's docstring says: a tool call in the last allowed turn runs (counted, its reward kept) but its
+    result is not rendered (no model turn follows)."""
+    replies = [tokenizer(f"call {k}<|im_end|>", add_special_tokens=False)["input_ids"] for k in range(2)]
+    tool = {"tool_calls": 2, "tool_errors": 1, "tool_time": 0.5}
+    env = ScriptedEnv([Step([{"role": "tool", "content": f"result {k}"}], reward=-0.25, info=tool) for k in range(2)])
+    traj = run_episode(env, {"prompt": "Go"}, renderer=EpisodeRenderer(tokenizer),
+                       generate=scripted_generate(replies, []), max_turns=2)
+    assert (traj.reason, traj.tool_calls, traj.tool_errors, traj.tool_time, traj.env_reward) == (
+        "max_turns", 4, 2, 1.0, -0.5)
+    assert [m["content"] for m in traj.messages] == ["Go", "call 0", "result 0", "call 1"]
+
+
 def test_turn_without_stop_token_ends_without_stepping(tokenizer):
     seen = []
 

@@ -179,10 +179,28 @@ def test_tool_timeout_is_set_on_environments_that_have_one(tokenizer):
         tool_timeout = 10.0
     engine = EpisodeEngine(scripted(tokenizer), tokenizer=tokenizer, env_factory=WithTimeout, num_generations=2,
                            tool_timeout=0.5)
-    assert engine.make_env().tool_timeout == 0.5 and WithTimeout.tool_timeout == 10.0
+    with pytest.warns(UserWarning, match=r"tool_timeout=0.5 .* overrides .* own tool_timeout=10.0"):
+        assert engine.make_env().tool_timeout == 0.5 and WithTimeout.tool_timeout == 10.0
     engine = EpisodeEngine(scripted(tokenizer), tokenizer=tokenizer, env_factory=GuessEnv, num_generations=2,
                            tool_timeout=0.5)
     assert not hasattr(engine.make_env(), "tool_timeout")  # an environment without the setting gets none
+
+
+def test_engine_tool_timeout_overrides_the_environments_with_one_warning(tokenizer):
+    """A set engine value wins over the environment's own and warns once naming both; None keeps the env's."""
+    class WithTimeout(GuessEnv):
+        def __init__(self):
+            super().__init__()
+            self.tool_timeout = 2.0  # as from the environment's init_args
+    engine = EpisodeEngine(scripted(tokenizer), tokenizer=tokenizer, env_factory=WithTimeout, num_generations=2,
+                           tool_timeout=5.0)
+    with pytest.warns(UserWarning) as record:
+        assert [engine.make_env().tool_timeout for _ in range(3)] == [5.0, 5.0, 5.0]
+    assert [str(w.message) for w in record] == [
+        "tool_timeout=5.0 (the GRPO module's / engine's) overrides the environment WithTimeout's own "
+        "tool_timeout=2.0; set the module's tool_timeout to null to keep the environment's value."]
+    engine = EpisodeEngine(scripted(tokenizer), tokenizer=tokenizer, env_factory=WithTimeout, num_generations=2)
+    assert engine.tool_timeout is None and engine.make_env().tool_timeout == 2.0
 
 
 def test_a_failing_episode_stops_the_others_and_names_itself(tokenizer):
@@ -216,3 +234,19 @@ def test_a_failing_episode_stops_the_others_and_names_itself(tokenizer):
     assert isinstance(err, RolloutError) and "FailsOnB.step raised ValueError: broken env" in str(err)
     assert any(n.startswith("in episode ") and "(prompt 1" in n for n in err.__notes__)
     assert engine.num_policy_calls < 10  # prompt A's episodes did not run to their end
+
+
+def test_check_columns_closes_the_environment_it_builds(tokenizer):
+    made = []
+
+    def factory():
+        made.append(GuessEnv())
+        return made[-1]
+    engine = EpisodeEngine(scripted(tokenizer), tokenizer=tokenizer, env_factory=factory, num_generations=2)
+    engine.check_columns(["answer"])
+    with pytest.raises(RolloutError, match=r"needs the column\(s\) \['answer'\]"):
+        engine.check_columns([])
+    assert [env.closed for env in made] == [True, True]
+    given = GuessEnv()
+    engine.check_columns(["answer"], env=given)
+    assert given.closed is False  # a caller's environment stays open

@@ -161,7 +161,7 @@ def _load(path: str, spec: Any) -> Any:
                                    f"'path/to/file.py:MyEnv' (or a built-in name: {sorted(builtins)}).")
     is_file = target.endswith(".py") or "/" in target or os.sep in target
     try:  # the loader of reward functions: importable modules, modules of the cwd, files
-        module = _load_file(target, spec) if is_file else _import_module(target, spec)
+        module = _load_file(target, text) if is_file else _import_module(target, text)  # names a string
     except RewardError as e:
         message = (str(e).replace(" (a reward_funcs / eval_reward_funcs entry)", "")
                    .replace("Reward function", "Import path").replace("reward function", "import path"))

@@ -228,8 +228,9 @@ class CalculatorEnv(ToolEnv):
         rewards. Messages, in order:
 
         1. only with ``tools_in_system``: a system message describing the tool
-           (:func:`~lit_llm.rollouts.envs.tools_system_prompt`; a ``system_prompt`` follows it in the same message,
-           as :func:`~lit_llm.rollouts.envs.prompt_with_tools` merges them); without it, ``system_prompt`` alone if
+           (:func:`~lit_llm.rollouts.envs.tools_system_prompt`) after a ``system_prompt`` in the same message, as
+           :func:`~lit_llm.rollouts.envs.prompt_with_tools` merges them for an episode's first render too; without
+           it, ``system_prompt`` alone if
            given (the caller passes the tool's schema to the template's ``tools=``);
         2. the user question (``template``);
         3. the assistant's call, ``ToolCall("calculator", {"expression": <the problem>}).to_text()``: exactly the

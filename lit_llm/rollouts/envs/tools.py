@@ -464,22 +464,26 @@ def tools_system_prompt(tools: Sequence[Tool | Callable[..., Any] | Mapping[str,
 
 def prompt_with_tools(messages: Sequence[Mapping[str, Any]],
                       tools: Sequence[Tool | Callable[..., Any] | Mapping[str, Any]], *,
-                      template_takes_tools: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+                      template_takes_tools: bool, describe: Callable[[list], str] | None = None,
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """How a tool task's conversation meets the chat template: the messages to render and the ``tools=`` argument.
 
     * ``template_takes_tools`` (Qwen2.5 / Qwen3 / Llama-3.1; see :func:`template_supports_tools`): the messages
       unchanged and the tools' schemas, for the template's ``tools=``;
-    * else (SmolLM2): the tools described by a system message (:func:`tools_system_prompt`) and ``None``. A leading
-      system message of ``messages`` is kept after the description, in the same message:
-      ``tools_system_prompt(tools) + "\n\n" + its content``.
+    * else (SmolLM2): the tools described by a system message (``describe(tools)``, default
+      :func:`tools_system_prompt`) and ``None``. A leading system message of ``messages`` comes first, the
+      description after it in the same message: ``its content + "\n\n" + description`` (the description alone when
+      the content is empty), as Qwen's templates place their ``# Tools`` section.
 
-    Used alike for the first render of an episode and for SFT traces
-    (:meth:`~lit_llm.rollouts.envs.CalculatorEnv.make_sft_rows`), so a warmed-up model sees the same prompt in RL.
+    The one function behind the first render of an episode (:meth:`~lit_llm.rollouts.episodes.EpisodeRenderer.
+    prompt_messages`) and the SFT traces (:meth:`~lit_llm.rollouts.envs.CalculatorEnv.make_sft_rows`), so a
+    warmed-up model sees the same prompt in RL.
 
     Args:
         messages: the conversation (copied; not modified).
         tools: :class:`Tool` objects, callables or schema dicts; empty: ``(messages, None)``.
         template_takes_tools: whether the chat template renders ``tools=``.
+        describe: ``fn(list of tools) -> str``, the system text describing them (default :func:`tools_system_prompt`).
 
     Returns:
         ``(messages, tools_argument)``.
@@ -492,9 +496,10 @@ def prompt_with_tools(messages: Sequence[Mapping[str, Any]],
         return out, None
     if template_takes_tools:
         return out, _schemas(tools)
-    text = tools_system_prompt(tools)
+    text = (describe or tools_system_prompt)(list(tools))
     if out and out[0].get("role") == "system":
-        return [{**out[0], "content": text + "\n\n" + out[0]["content"]}, *out[1:]], None
+        own = out[0]["content"]
+        return [{**out[0], "content": f"{own}\n\n{text}" if own else text}, *out[1:]], None
     return [{"role": "system", "content": text}, *out], None
 
 
@@ -549,13 +554,15 @@ class ToolEnv(Environment):
             episode ends at the first failing call of a turn (later calls of that turn are not run).
         tool_error_penalty: subtracted from the step's reward once per failing call (``"continue"``) or once
             (``"end"``); ``>= 0``.
-        max_calls_per_turn: calls run per turn; the rest are refused with one error message (counted as one error).
+        max_calls_per_turn: calls run per turn; the rest are refused with one error message, each refused call
+            counted as a call and an error (and penalized as a failing call).
 
     Attributes:
         tokenizer: ``None``, or a tokenizer whose ``response_template`` :func:`parse_tool_calls` uses (the engine
             may set it).
 
-    ``EnvStep.info`` of a turn with calls: ``tool_calls`` (calls attempted; an unparseable turn counts 1),
+    ``EnvStep.info`` of a turn with calls: ``tool_calls`` (calls made, refused ones included; an unparseable turn
+    counts 1; with ``on_tool_error="end"`` the calls after the first failing one are not run nor counted),
     ``tool_errors``, ``tool_time`` (seconds), ``tool_results`` (the :class:`ToolResult` list) and, when the episode
     ends, ``reason``: ``"answer"`` (a turn without calls), ``"tool_error"``, ``"tool_timeout"`` or ``"parse_error"``.
 
@@ -653,21 +660,25 @@ class ToolEnv(Environment):
             results.append(result)
             if not result.ok and self.on_tool_error == "end":
                 return self._reply(results, len(results))
-        if len(calls) > self.max_calls_per_turn:
+        refused = max(len(calls) - self.max_calls_per_turn, 0)
+        if refused:
             results.append(ToolResult("too_many_tool_calls", f"Error: {len(calls)} tool calls in one turn; only the "
                                       f"first {self.max_calls_per_turn} were run.", error="too_many_calls"))
-        return self._reply(results, min(len(calls), self.max_calls_per_turn))
+        return self._reply(results, len(calls), refused=refused)
 
     def _tools(self) -> list[Tool]:
         if not all(isinstance(t, Tool) for t in self.tools):
             self.tools = _as_tools(self.tools)
         return list(self.tools)
 
-    def _reply(self, results: list[ToolResult], attempted: int) -> EnvStep:
+    def _reply(self, results: list[ToolResult], attempted: int, *, refused: int = 0) -> EnvStep:
+        """``refused`` calls (past ``max_calls_per_turn``, one message in ``results``) count as that many calls in
+        ``attempted`` and as that many errors, so ``0 <= tool_errors <= tool_calls``."""
         failed = [r for r in results if not r.ok]
-        info: dict[str, Any] = {"tool_calls": attempted, "tool_errors": len(failed),
+        errors = len(failed) - (1 if refused else 0) + refused
+        info: dict[str, Any] = {"tool_calls": attempted, "tool_errors": errors,
                                 "tool_time": sum(r.elapsed for r in results), "tool_results": results}
         if failed and self.on_tool_error == "end":
             info["reason"] = _REASONS.get(failed[0].error or "", "tool_error")
             return EnvStep([], reward=0.0 - self.tool_error_penalty, done=True, info=info)
-        return EnvStep([r.message for r in results], reward=0.0 - self.tool_error_penalty * len(failed), info=info)
+        return EnvStep([r.message for r in results], reward=0.0 - self.tool_error_penalty * errors, info=info)

@@ -69,7 +69,7 @@ def test_sft_rows_options():
     (row,) = CalculatorEnv.make_sft_rows(1, tools_in_system=False, system_prompt="Be brief.")
     assert row["messages"][0] == {"role": "system", "content": "Be brief."}
     (row,) = CalculatorEnv.make_sft_rows(1, system_prompt="Be brief.")
-    assert row["messages"][0] == {"role": "system", "content": tools_system_prompt([calculator]) + "\n\nBe brief."}
+    assert row["messages"][0] == {"role": "system", "content": "Be brief.\n\n" + tools_system_prompt([calculator])}
     (row,) = CalculatorEnv.make_sft_rows(1, template="Compute {expression}.", answer_template="= {answer}")
     assert row["messages"][1]["content"] == f"Compute {row['expression']}."
     assert row["messages"][-1]["content"] == f"= {row['answer']}"
@@ -88,7 +88,7 @@ def test_prompt_with_tools():
         [{"role": "system", "content": tools_system_prompt([calculator])}, *user], None)
     with_system = [{"role": "system", "content": "S"}, *user]
     assert prompt_with_tools(with_system, [schema], template_takes_tools=False) == (
-        [{"role": "system", "content": tools_system_prompt([schema]) + "\n\nS"}, *user], None)
+        [{"role": "system", "content": "S\n\n" + tools_system_prompt([schema])}, *user], None)
     assert prompt_with_tools(user, [], template_takes_tools=False) == (user, None)
     out, _ = prompt_with_tools(user, [calculator], template_takes_tools=False)
     assert user == [{"role": "user", "content": "q"}] and out[1] is not user[0]  # the input is not modified
@@ -107,3 +107,18 @@ def test_validate_arguments_matches_tool_validate():
                                                              "ping takes ().")
     with pytest.raises(ValueError, match="validate_arguments: not a tool schema"):
         validate_arguments(json.loads('{"type": "function"}'), {})
+
+
+def test_sft_rows_and_the_episode_first_render_build_the_same_system_message(tokenizer):
+    """With a system prompt and a template without ``tools=`` (SmolLM2): the SFT trace's prompt messages equal the
+    episode renderer's for the same problem (one function, ``prompt_with_tools``, builds both)."""
+    from lit_llm.rollouts.episodes import EpisodeRenderer
+
+    (row,) = CalculatorEnv.make_sft_rows(1, seed=5, system_prompt="Be brief.")
+    (problem,) = CalculatorEnv.make_rows(1, seed=5)
+    env = CalculatorEnv()
+    first = env.reset({**problem, "prompt": [{"role": "system", "content": "Be brief."}, *problem["prompt"]]})
+    renderer = EpisodeRenderer(tokenizer)
+    assert not renderer.takes_tools
+    assert renderer.prompt_messages(first, env.tools) == row["messages"][:2]
+    assert row["messages"][0] == {"role": "system", "content": "Be brief.\n\n" + tools_system_prompt([calculator])}

@@ -145,7 +145,22 @@ def test_too_many_calls_in_one_turn():
     step = strip_times(turn(AddEnv(max_calls_per_turn=2), call("add", a=1, b=1) * 3))
     assert [m["content"] for m in step.messages] == ["2", "2", "Error: 3 tool calls in one turn; only the first 2 "
                                                                "were run."]
-    assert (step.info["tool_calls"], step.info["tool_errors"]) == (2, 1)
+    assert (step.info["tool_calls"], step.info["tool_errors"]) == (3, 1)
+
+
+def test_refused_calls_count_as_calls_and_errors():
+    """0 <= tool_errors <= tool_calls: a failing first call and a refused second one are 2 calls, 2 errors."""
+    from lit_llm.rollouts.envs import CalculatorEnv
+
+    env = CalculatorEnv(max_calls_per_turn=1, tool_error_penalty=0.5)
+    env.reset({"prompt": "q", "answer": "1"})
+    text = ToolCall("calculator", {"expression": "1/0"}).to_text() + ToolCall("calculator", {"expression": "2+2"}
+                                                                            ).to_text()
+    step = env.step([{"role": "assistant", "content": text}])
+    assert {k: step.info[k] for k in ("tool_calls", "tool_errors")} == {"tool_calls": 2, "tool_errors": 2}
+    assert step.reward == -1.0 and len(step.messages) == 2
+    step = turn(AddEnv(max_calls_per_turn=1), call("add", a=1, b=1) * 4)
+    assert (step.info["tool_calls"], step.info["tool_errors"]) == (4, 3)
 
 
 def test_subclass_reset_keeps_the_row_and_programming_errors_raise():
