@@ -576,6 +576,17 @@ def _name(fn: RewardFn) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
+def _rejects_keywords(fn: RewardFn, keywords: list[str]) -> bool:
+    """Whether ``fn``'s signature cannot take ``keywords`` as keyword arguments (``False`` when it has none to read)."""
+    try:
+        inspect.signature(fn).bind(**dict.fromkeys(keywords))
+    except TypeError:
+        return True
+    except ValueError:
+        return False
+    return False
+
+
 class RewardFunctions:
     """A checked, weighted sum of reward functions (TRL ``reward_funcs`` + ``reward_weights``).
 
@@ -665,11 +676,17 @@ class RewardFunctions:
             try:
                 out = fn(prompts=prompts, completions=completions, completion_ids=completion_ids,
                          trainer_state=trainer_state, **columns)
+            except TypeError as e:
+                if not _rejects_keywords(fn, ["prompts", "completions", "completion_ids", "trainer_state", *columns]):
+                    raise self._raised(fn, name, e, prompts, completions, completion_ids, trainer_state,
+                                       columns) from e
+                passed = ["prompts", "completions", "completion_ids", "trainer_state", *columns]
+                raise RewardError(f"Reward function {name!r} does not accept the keywords it is called with ({e}): "
+                                  f"reward functions are called with {passed} as keyword arguments (TRL's signature "
+                                  f"plus the dataset's columns); add **kwargs to its parameters, e.g. "
+                                  f"def {getattr(fn, '__name__', 'reward')}(completions, **kwargs).") from e
             except Exception as e:
-                i = self._failing_sample(fn, n, prompts, completions, completion_ids, trainer_state, columns)
-                where = f"on sample {i} (completion {completions[i]!r:.120})" if i is not None else f"on {n} samples"
-                raise RewardError(f"Reward function {name!r} raised {type(e).__name__}: {e} {where}. Fix the "
-                                  f"function or the dataset columns it needs.") from e
+                raise self._raised(fn, name, e, prompts, completions, completion_ids, trainer_state, columns) from e
             try:
                 values = list(out)
             except TypeError:
@@ -691,6 +708,15 @@ class RewardFunctions:
             warnings.warn(msg, stacklevel=2)
         total = (stacked * self.weights).nansum(dim=1)
         return total, per_function
+
+    def _raised(self, fn: RewardFn, name: str, e: Exception, prompts: list, completions: list,
+                completion_ids: list | None, trainer_state: TrainerState, columns: dict[str, list]) -> RewardError:
+        """The error for reward function ``fn`` having raised ``e``, naming the first sample that raises alone."""
+        n = len(completions)
+        i = self._failing_sample(fn, n, prompts, completions, completion_ids, trainer_state, columns)
+        where = f"on sample {i} (completion {completions[i]!r:.120})" if i is not None else f"on {n} samples"
+        return RewardError(f"Reward function {name!r} raised {type(e).__name__}: {e} {where}. Fix the function or the "
+                           f"dataset columns it needs.")
 
     @staticmethod
     def _failing_sample(fn: RewardFn, n: int, prompts: list, completions: list, completion_ids: list | None,

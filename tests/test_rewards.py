@@ -528,3 +528,19 @@ def test_bare_number_closeness_curriculum_narrows_the_window():
     assert at[20] == pytest.approx([1 - 20 / 55, 1 - 5 / 55, 1.0, 0.0], rel=1e-12)  # s = 0.55
     assert at[40] == pytest.approx([0.0, 1 - 5 / 10, 1.0, 0.0], rel=1e-12)
     assert bare_number_closeness_curriculum_reward([], ["90"], None, answer=["100"]) == [0.9]  # no trainer_state
+
+
+def test_reward_function_without_kwargs_gets_an_error_listing_the_keywords():
+    def only_completions(completions):
+        return [1.0] * len(completions)
+
+    def raises_type_error_inside(completions, **kwargs):
+        return [len(None) for _ in completions]  # a TypeError of the body, not of the signature
+
+    rf = RewardFunctions([only_completions])
+    with pytest.raises(RewardError, match=r"'only_completions' does not accept the keywords it is called with .*"
+                                          r"\['prompts', 'completions', 'completion_ids', 'trainer_state', 'answer'\]"
+                                          r".*add \*\*kwargs .* def only_completions\(completions, \*\*kwargs\)"):
+        rf(prompts=["q"], completions=["1"], completion_ids=None, answer=["1"])
+    with pytest.raises(RewardError, match=r"'raises_type_error_inside' raised TypeError: .* on sample 0"):
+        RewardFunctions([raises_type_error_inside])(prompts=["q"], completions=["1"], completion_ids=None)
