@@ -62,6 +62,7 @@ from lit_llm.rollouts.engine import (
     read_prompt_batch,
     row_seeds,
 )
+from lit_llm.rollouts.envs.base import call_with_timeout
 
 __all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "ENGINE_REASONS", "EPISODE_BATCHING_TIMEOUT",
            "EPISODE_STAT_KEYS", "EpisodeEngine", "EpisodeRenderer", "Segment", "Trajectory", "run_episode", "turn_seed"]
@@ -368,22 +369,10 @@ def _step(env: Any, messages: list[dict], timeout: float | None) -> Any:
     an abandoned daemon thread)."""
     if timeout is None:
         return env.step(messages)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["out"] = env.step(messages)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the episode's thread
-            box["err"] = e
-
-    thread = threading.Thread(target=target, name="lit_llm-env-step", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        return None
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
+    finished, out, error = call_with_timeout(lambda: env.step(messages), timeout, "lit_llm-env-step")
+    if error is not None:  # re-raised in the episode's thread
+        raise error
+    return out if finished else None
 
 
 def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, generate: Generate,

@@ -14,6 +14,7 @@ import difflib
 import functools
 import inspect
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lit_llm.rollouts.envs.tools import Tool
 
-__all__ = ["EnvStep", "Environment", "EnvironmentSpecError", "builtin_environments", "prompt_messages",
-           "resolve_environment"]
+__all__ = ["EnvStep", "Environment", "EnvironmentSpecError", "builtin_environments", "call_with_timeout",
+           "prompt_messages", "resolve_environment"]
 
 
 class EnvironmentSpecError(ValueError):
@@ -257,3 +258,28 @@ def resolve_environment(spec: Any) -> Callable[[], Environment]:
     raise TypeError(f"An environment spec must be an Environment class, a factory function, a built-in name "
                     f"{sorted(builtin_environments())}, an import path 'package.module:MyEnv' / "
                     f"'path/to/file.py:MyEnv', or {_DICT_HINT}; got {type(spec).__name__} {spec!r:.80}.")
+
+
+def call_with_timeout(fn: Callable[[], Any], timeout: float | None,
+                      name: str) -> tuple[bool, Any, BaseException | None]:
+    """Run ``fn()`` on a daemon thread named ``name`` and wait at most ``timeout`` seconds (``None``: until it ends).
+
+    Returns:
+        ``(finished, value, error)``: ``finished`` is False when ``fn`` still runs after ``timeout`` (the thread is
+        abandoned: as a daemon it never blocks the caller nor the interpreter's exit, and its result is dropped);
+        otherwise ``value`` is what ``fn`` returned or ``error`` what it raised (anything, ``BaseException`` included).
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        return False, None, None
+    return True, box.get("value"), box.get("error")

@@ -21,13 +21,12 @@ import functools
 import json
 import math
 import re
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lit_llm.rollouts.envs.base import Environment, EnvStep, _last_assistant, prompt_messages
+from lit_llm.rollouts.envs.base import Environment, EnvStep, _last_assistant, call_with_timeout, prompt_messages
 
 __all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "Tool", "ToolCall", "ToolCallParseError", "ToolEnv", "ToolResult",
            "parse_tool_calls", "prompt_with_tools", "template_supports_tools", "tools_system_prompt",
@@ -268,27 +267,16 @@ class Tool:
         if problem is not None:
             return ToolResult(self.name, problem, error="bad_arguments")
         timeout = self.timeout if timeout is None else timeout
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["value"] = self.fn(**arguments)
-            except BaseException as e:  # everything a tool raises becomes its error message
-                box["error"] = e
-
-        start = time.perf_counter()
-        worker = threading.Thread(target=run, name=f"lit_llm-tool-{self.name}", daemon=True)
-        worker.start()
-        worker.join(timeout)
+        start = time.perf_counter()  # everything a tool raises becomes its error message
+        finished, value, e = call_with_timeout(lambda: self.fn(**arguments), timeout, f"lit_llm-tool-{self.name}")
         elapsed = time.perf_counter() - start
-        if worker.is_alive():
+        if not finished:
             return ToolResult(self.name, f"Error: {self.name} timed out after {timeout:g} s and was stopped.",
                               error="timeout", elapsed=elapsed)
-        if "error" in box:
-            e = box["error"]
+        if e is not None:
             return ToolResult(self.name, f"Error: {self.name} raised {type(e).__name__}: {e}", error="exception",
                               elapsed=elapsed)
-        return ToolResult(self.name, _result_text(box.get("value")), elapsed=elapsed)
+        return ToolResult(self.name, _result_text(value), elapsed=elapsed)
 
 
 @functools.lru_cache(maxsize=256)
