@@ -26,11 +26,17 @@ last number is the answer). Reported as
 * **episode exact**: samples whose two-turn episode ends with the exact answer (over all samples), and the
   final turns that call a tool again instead of answering.
 
+``--no-tools`` measures the **no-tool baseline** instead: the same problems asked without any tool (the user message
+"What is {expression}? Give the final answer as a number.", no system message, no ``tools=``), scored as an episode's
+final turn (``CalculatorEnv.score``: the last number is the answer). ``--greedy`` decodes greedily (one completion per
+prompt, as the GRPO evaluation does) instead of sampling ``--generations`` at ``--temperature``.
+
 ``--model`` picks the model (default the embedded SmolLM2-135M-Instruct; e.g. the HF folder ``lit-llm export`` writes
 after the ``configs/sft_calculator_tools.yaml`` warm-up).
 
 Run: ``HF_HUB_OFFLINE=1 python benchmarks/tool_call_rate.py [--model DIR] [--prompts 64 --generations 8
---max-new-tokens 64] [--threads 1]``.
+--max-new-tokens 64] [--threads 1]``; the no-tool baseline of the GRPO evaluation's 100 held-out problems:
+``--no-tools --greedy --prompts 100``.
 """
 
 from __future__ import annotations
@@ -98,6 +104,29 @@ def classify(text: str, env: CalculatorEnv, row: dict) -> dict[str, bool]:
             "no_tool_exact": not markup and env.score(text, row) == 1.0}
 
 
+def decoding(args: argparse.Namespace) -> dict:
+    """``generate`` keywords of ``--greedy`` / ``--temperature``."""
+    return {"do_sample": False} if args.greedy else {"do_sample": True, "temperature": args.temperature}
+
+
+def no_tool_baseline(policy, tokenizer, env: CalculatorEnv, rows: list[dict], args: argparse.Namespace) -> None:
+    """Ask each problem without a tool and print how many answers end with the exact result."""
+    prompts = [torch.tensor(tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"What is {row['expression']}? Give the final answer as a number."}],
+        add_generation_prompt=True, tokenize=True, return_dict=False), dtype=torch.long) for row in rows]
+    flat = [prompts[k] for k in range(len(rows)) for _ in range(args.generations)]
+    seeds = row_seeds(args.seed, 0, 0, len(rows), args.generations)
+    texts, truncated, elapsed = sample(policy, tokenizer, flat, seeds, args.batch_size, "no-tool answers")
+    exact = [env.score(t, rows[i // args.generations]) == 1.0 for i, t in enumerate(texts)]
+    mode = "greedy" if args.greedy else f"T={args.temperature}"
+    print(f"\nno-tool baseline, {len(texts)} answers ({len(rows)} problems x {args.generations}, {mode}, "
+          f"max_new_tokens {args.max_new_tokens}): {elapsed:.0f} s, {truncated} hit max_new_tokens")
+    print(f"  {'no_tool_exact':<22} {sum(exact):4d} / {len(texts)} = {100 * sum(exact) / len(texts):.2f}%")
+    for i in range(min(args.examples, len(texts))):
+        print(f"--- {rows[i // args.generations]['expression']} = {rows[i // args.generations]['answer']}: "
+              f"{texts[i]!r}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", type=int, default=64)
@@ -113,7 +142,12 @@ def main() -> None:
     p.add_argument("--answer-turn", action=argparse.BooleanOptionalAction, default=True,
                    help="run the tool and sample the final turn of samples with a valid call")
     p.add_argument("--answer-tokens", type=int, default=32, help="max_new_tokens of the final turn")
+    p.add_argument("--no-tools", action="store_true",
+                   help="the no-tool baseline: ask each problem without a tool and score the answer")
+    p.add_argument("--greedy", action="store_true", help="greedy decoding, one completion per prompt")
     args = p.parse_args()
+    if args.greedy:
+        args.generations = 1
     if args.threads:
         torch.set_num_threads(args.threads)
     print(machine_line())
@@ -122,10 +156,12 @@ def main() -> None:
     print(f"model: {args.model}")
     model, tokenizer = load_model(args.model)
     policy = TransformersWrapper(model, tokenizer=tokenizer, input_mode="tokens", generate=True,
-                                 generate_kwargs={"max_new_tokens": args.max_new_tokens, "do_sample": True,
-                                                  "temperature": args.temperature})
+                                 generate_kwargs={"max_new_tokens": args.max_new_tokens, **decoding(args)})
     env = CalculatorEnv()
     rows = CalculatorEnv.make_rows(args.prompts, seed=args.seed, split="eval")
+    if args.no_tools:
+        no_tool_baseline(policy, tokenizer, env, rows, args)
+        return
     prompt_ids, first = [], []
     for row in rows:
         messages, tools = first_turn_messages(env, row, tokenizer)
@@ -160,7 +196,7 @@ def main() -> None:
         if second:
             answer_policy = TransformersWrapper(model, tokenizer=tokenizer, input_mode="tokens", generate=True,
                                                 generate_kwargs={"max_new_tokens": args.answer_tokens,
-                                                                 "do_sample": True, "temperature": args.temperature})
+                                                                 **decoding(args)})
             seeds2 = row_seeds(args.seed, 1, 0, len(second), 1)
             answers, _, elapsed2 = sample(answer_policy, tokenizer, second, seeds2, args.batch_size, "final turn")
             elapsed += elapsed2
