@@ -63,7 +63,9 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 TRL_SETTINGS: dict[str, dict] = {
     "trl": {},
     "trl-packing": {"packing": True},  # packing_strategy "bfd" (TRL's default): padding-free packs
-    "trl-padding-free": {"padding_free": True},
+    # TRL 1.16 refuses padding_free without packing unless max_length is None (it would truncate the flattened row);
+    # the first 256 GSM8K rows are <= 468 tokens (mean 223) with the template, so no row is cut either way
+    "trl-padding-free": {"padding_free": True, "max_length": None},
     "trl-group-by-length": {"train_sampling_strategy": "group_by_length"},  # transformers 5's group_by_length=True
 }
 IMPLS = ("ours", "ours-packed", *TRL_SETTINGS)
@@ -173,12 +175,13 @@ def run_trl(args: argparse.Namespace) -> dict:
     model, tokenizer = load_model()
     model.train()
     with tempfile.TemporaryDirectory() as out:
+        settings = {"max_length": args.max_length, **TRL_SETTINGS[args.impl]}
         cfg = SFTConfig(output_dir=out, per_device_train_batch_size=args.batch, gradient_accumulation_steps=1,
-                        max_length=args.max_length, completion_only_loss=True, learning_rate=1e-5,
+                        completion_only_loss=True, learning_rate=1e-5,
                         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
                         max_steps=args.warmup + args.steps, logging_steps=1, save_strategy="no", report_to="none",
                         use_cpu=True, bf16=args.precision == "bf16", seed=args.seed, dataloader_num_workers=0,
-                        disable_tqdm=True, **TRL_SETTINGS[args.impl])
+                        disable_tqdm=True, **settings)
         trainer = Counting(model=model, args=cfg, train_dataset=ds, processing_class=tokenizer, callbacks=[Timer()])
         if args.profile:
             return _profile(trainer.train, args)
