@@ -15,12 +15,19 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from lit_llm.lightning.grpo import DEFAULT_REWARDS, GRPOModule, environment_hparam
+from lit_llm.lightning.grpo import DEFAULT_REWARDS, GRPOModule, check_environment_task, environment_hparam
 from lit_llm.lightning.grpo_data import GRPODataModule, collate_prompts
 from lit_llm.objectives.grpo import compute_advantages
 from lit_llm.rewards import resolve_reward
 from lit_llm.rollouts import EpisodeEngine, RolloutError
-from lit_llm.rollouts.envs import CalculatorEnv, EnvironmentSpecError, GuessNumberEnv, Tool
+from lit_llm.rollouts.envs import (
+    CalculatorEnv,
+    EnvironmentSpecError,
+    GuessNumberEnv,
+    Tool,
+    builtin_environment_name,
+    resolve_environment,
+)
 from lit_llm.rollouts.episodes import ENGINE_REASONS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -191,7 +198,57 @@ def test_environment_task_without_environment_warns(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer(1, root=tmp_path).fit(module, GRPODataModule("calculator", batch_size=1, num_train=2, num_eval=0))
-    assert any("model.environment is not set" in str(w.message) for w in caught)
+    expected = ("GRPOModule: data.task='calculator' holds the prompts of the 'calculator' environment, but "
+                "model.environment is not set: they are trained as single completions. Set "
+                "--model.init_args.environment calculator for episodes.")
+    assert [str(w.message) for w in caught if "data.task=" in str(w.message)] == [expected]
+
+
+def _mismatch(name: str, task: str, other: str) -> str:
+    return (f"GRPOModule: model.environment='{name}' plays its episodes on the rows of data.task='{name}', but "
+            f"data.task='{task}': its prompts were not made for the '{name}' environment (training would run without "
+            f"an error, on the wrong task). Fix: set --data.task {name}, or --data.task null with --data.path <your "
+            f"rows> (a 'prompt' column and the environment's columns), or {other}.")
+
+
+def test_builtin_environment_with_another_builtin_task_fails_at_setup(tmp_path):
+    """environment calculator + task arithmetic has every column the calculator reads (answer), so it would train
+    silently on the wrong prompts: setup stops it before any rollout, naming both options and the fixes."""
+    module = GRPOModule("tiny", environment="calculator", num_generations=2, max_new_tokens=2)
+    dm = GRPODataModule("arithmetic", batch_size=1, num_train=2, num_eval=0)
+    expected = _mismatch("calculator", "arithmetic",
+                         "drop --model.init_args.environment for single-turn GRPO on the 'arithmetic' prompts")
+    with pytest.raises(ValueError) as e:
+        trainer(1, root=tmp_path).fit(module, dm)
+    assert str(e.value) == expected
+    assert module.engine.num_policy_calls == 0
+    # the default data module (no task, no path) is the arithmetic task too; validate checks as well
+    with pytest.raises(ValueError, match="but data.task='arithmetic'"):
+        trainer(1, root=tmp_path, limit_val_batches=None).validate(module, GRPODataModule(num_train=2, num_eval=2))
+
+
+@pytest.mark.parametrize(("environment", "task", "other"), [
+    ("guess_number", "calculator", "set --model.init_args.environment calculator for 'calculator' episodes"),
+    ("calculator", "guess_number", "set --model.init_args.environment guess_number for 'guess_number' episodes"),
+    ("calculator", "gsm8k", "drop --model.init_args.environment for single-turn GRPO on the 'gsm8k' prompts"),
+    ({"class_path": "calculator", "init_args": {"tool_timeout": 2.0}}, "arithmetic",
+     "drop --model.init_args.environment for single-turn GRPO on the 'arithmetic' prompts"),
+])
+def test_check_environment_task_errors(environment, task, other):
+    factory = resolve_environment(environment)
+    name = builtin_environment_name(factory)
+    with pytest.raises(ValueError) as e:
+        check_environment_task(factory, task)
+    assert str(e.value) == _mismatch(name, task, other)
+
+
+def test_check_environment_task_allows_matching_and_user_pairs():
+    class MyCalculator(CalculatorEnv):
+        pass
+    for env, task in [("calculator", "calculator"), ("guess_number", "guess_number"), ("calculator", None),
+                      (MyCalculator, "arithmetic"), (CapitalAfterToolEnv, "calculator")]:
+        check_environment_task(resolve_environment(env), task)  # no error
+    check_environment_task(None, "calculator")  # single-turn: the setup warning's case, not an error
 
 
 def test_greedy_episode_evaluation(even_stops_model, tmp_path):

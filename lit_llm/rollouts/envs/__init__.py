@@ -8,6 +8,7 @@ from lit_llm.rollouts.envs.base import (
     Environment,
     EnvironmentSpecError,
     EnvStep,
+    builtin_environment_name,
     builtin_environments,
     prompt_messages,
     resolve_environment,
@@ -28,6 +29,7 @@ from lit_llm.rollouts.envs.tools import (
 )
 
 __all__ = ["CalculatorEnv", "EnvStep", "Environment", "EnvironmentSpecError", "GuessNumberEnv", "Tool", "ToolCall",
-           "ToolCallParseError", "ToolEnv", "ToolResult", "builtin_environments", "calculator", "evaluate_expression",
+           "ToolCallParseError", "ToolEnv", "ToolResult", "builtin_environment_name",
+           "builtin_environments", "calculator", "evaluate_expression",
            "parse_tool_calls", "prompt_messages", "prompt_with_tools", "resolve_environment", "template_supports_tools",
            "tools_system_prompt", "validate_arguments"]

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lit_llm.rollouts.envs.tools import Tool
 
-__all__ = ["EnvStep", "Environment", "EnvironmentSpecError", "builtin_environments", "call_with_timeout",
-           "prompt_messages", "resolve_environment"]
+__all__ = ["EnvStep", "Environment", "EnvironmentSpecError", "builtin_environment_name", "builtin_environments",
+           "call_with_timeout", "prompt_messages", "resolve_environment"]
 
 
 class EnvironmentSpecError(ValueError):
@@ -126,6 +126,16 @@ def builtin_environments() -> dict[str, type[Environment]]:
     from lit_llm.rollouts.envs.guess_number import GuessNumberEnv
 
     return {"calculator": CalculatorEnv, "guess_number": GuessNumberEnv}
+
+
+def builtin_environment_name(factory: Any) -> str | None:
+    """The built-in name of the environment ``factory`` builds: ``"calculator"`` for
+    :class:`~lit_llm.rollouts.envs.CalculatorEnv` itself or a ``functools.partial`` of it (what
+    :func:`resolve_environment` returns for a name, a class or a ``{class_path, init_args}`` dict), ``None`` for
+    anything else (subclasses and user environments included)."""
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    return next((name for name, cls in builtin_environments().items() if factory is cls), None)
 
 
 _DICT_HINT = "{'class_path': 'pkg.module:MyEnv', 'init_args': {...}}"
