@@ -50,12 +50,14 @@ class GreedyEvaluation:
         """The :class:`~lit_llm.rollouts.EpisodeEngine` of greedy episodes: the training engine's episode settings
         (:meth:`~lit_llm.rollouts.EpisodeEngine.episode_settings`) and template options over the greedy version of
         ``eval_max_new_tokens`` (:meth:`~lit_llm.lightning.versions.PolicyVersionSwitch.greedy_version`); no reward
-        functions, no sampling seed. Built once per budget."""
+        functions, no sampling seed. Built once per budget. Its ``num_generations`` is the training engine's (the
+        constructor needs a group size) but unused: :meth:`greedy_episodes` runs one episode per row."""
         budget = int(self.eval_max_new_tokens)
         engine = self._eval_engines.get(budget)
         if engine is None:
             train = self.engine
-            engine = EpisodeEngine(self.versions.greedy_version(budget), tokenizer=self.tokenizer, num_generations=2,
+            engine = EpisodeEngine(self.versions.greedy_version(budget), tokenizer=self.tokenizer,
+                                   num_generations=train.num_generations,
                                    seed=None, chat_template=train.chat_template,
                                    chat_template_kwargs=train.chat_template_kwargs, batching=train.batching,
                                    num_workers=train.num_workers, **train.episode_settings())
@@ -71,7 +73,9 @@ class GreedyEvaluation:
             (``{"prompt", "sample_id", <columns>}``, what ``env.reset`` got) and its (closed) environment.
 
         Raises:
-            lit_llm.rollouts.RolloutError: a bad batch or an environment that fails (named).
+            lit_llm.rollouts.RolloutError: a bad batch or an environment that fails (named), with a note naming the
+                held-out row: ``"in episode i of n (prompt i, sample_id '...')"`` (``i``: the row's index in the
+                batch).
         """
         prompts, sample_ids, columns = read_prompt_batch(batch)
         rows = [{"prompt": p, "sample_id": s, **{c: v[i] for c, v in columns.items()}}
@@ -80,7 +84,7 @@ class GreedyEvaluation:
         envs = [engine.make_env() for _ in rows]
         self.versions.num_greedy_calls += 1
         with self.versions.generating():
-            return engine.run_episodes(envs, rows), rows, envs
+            return engine.run_episodes(envs, rows, num_generations=1), rows, envs
 
     def episode_validation_step(self, batch: dict[str, Any]) -> None:
         """Greedy episodes of held-out rows: accumulate ``env_reward``, ``tool_call_rate``, ``turns`` and the

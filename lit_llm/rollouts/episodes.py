@@ -541,6 +541,14 @@ def _record_step(traj: Trajectory, step: Any, env: Any) -> None:
 
 
 # -------------------------------------------------------------------------------------------------------- engine
+def _episode_note(i: int, n: int, row: Any, num_generations: int) -> str:
+    """Where episode ``i`` of ``n`` comes from: its prompt (and generation) index and the row's sample id."""
+    g = max(int(num_generations), 1)
+    where = f"prompt {i // g}, generation {i % g}" if g > 1 else f"prompt {i}"
+    sample_id = row.get("sample_id") if isinstance(row, Mapping) else None
+    return f"in episode {i} of {n} ({where}" + (f", sample_id {sample_id!r})" if sample_id is not None else ")")
+
+
 def _positive(name: str, value: Any, *, kind: type = int, optional: bool = True, minimum: float = 1) -> None:
     if value is None and optional:
         return
@@ -723,16 +731,23 @@ class EpisodeEngine(RolloutEngine):
         return generate
 
     def run_episodes(self, envs: Sequence[Any], rows: Sequence[Mapping[str, Any]],
-                     seeds: Sequence[int] | None = None) -> list[Trajectory]:
+                     seeds: Sequence[int] | None = None, *, num_generations: int | None = None) -> list[Trajectory]:
         """Run episode ``i`` of ``envs[i]`` on ``rows[i]`` (seed ``seeds[i]``) for every ``i``.
 
         With :attr:`batching`, one thread per episode (at most :attr:`num_workers`), every turn through the batching
         version of the policy (``min_batch_size`` = the threads, ``batching_timeout`` = :attr:`batching_timeout`,
         ``batch_order`` = the episode index); otherwise one episode after the other with direct calls.
 
+        Args:
+            envs, rows, seeds: one entry per episode.
+            num_generations: consecutive episodes per prompt, for the error note (``None``: :attr:`num_generations`,
+                as :meth:`rollout` lays them out; the greedy evaluation runs one episode per row: 1).
+
         Raises:
             The first error of an episode (the others then end at their next turn, reason ``"aborted"``), with a
-            note naming the episode.
+            note naming the episode: ``"in episode i of n (prompt p, generation k, sample_id '...')"`` (``p = i //
+            num_generations``, ``k = i % num_generations``; ``"(prompt p, sample_id ...)"`` when
+            ``num_generations`` is 1; the sample id when the row has one).
         """
         n = len(envs)
         workers = min(self.num_workers or n, n)
@@ -769,8 +784,7 @@ class EpisodeEngine(RolloutEngine):
             results = [one(i) for i in range(n)]
         if errors:
             i, err = errors[0]
-            err.add_note(f"in episode {i} of the rollout (prompt {i // self.num_generations}, generation "
-                         f"{i % self.num_generations})")
+            err.add_note(_episode_note(i, n, rows[i], num_generations or self.num_generations))
             raise err
         return results  # type: ignore[return-value]
 

@@ -259,7 +259,8 @@ def test_greedy_episode_evaluation(even_stops_model, tmp_path):
     trajs = []
     engine = module.eval_engine()
     run = engine.run_episodes
-    engine.run_episodes = lambda envs, rows, seeds=None: trajs.extend(run(envs, rows, seeds)) or trajs[-len(rows):]
+    engine.run_episodes = lambda envs, rows, seeds=None, **kw: (trajs.extend(run(envs, rows, seeds, **kw))
+                                                                or trajs[-len(rows):])
     assert engine.policy.generation_config.do_sample is False and engine.seed is None
     assert engine.max_turns == module.engine.max_turns == 2
     dm = key_data(tmp_path, num_eval=5, eval_batch_size=3)
@@ -281,6 +282,31 @@ def test_greedy_episode_evaluation(even_stops_model, tmp_path):
         assert float(s["env_reward"]) == t.env_reward
         assert "\n<|im_start|>tool\nThe code of" in s["episode"]  # special tokens kept: the turns show
         assert s["reference"] == "key=" + next(r["key"] for r in dm.eval_rows if r["sample_id"] == s["sample_id"])
+
+
+class FailsOnKey(CapitalAfterToolEnv):
+    """Raises (an environment bug) on the row whose key is :attr:`bad_key`."""
+
+    bad_key = ""
+
+    def step(self, messages):
+        if self.row["key"] == self.bad_key:
+            raise RuntimeError("lookup table corrupt")
+        return super().step(messages)
+
+
+def test_greedy_episode_error_names_the_held_out_row(even_stops_model, tmp_path, monkeypatch):
+    """An environment failing in evaluation names its held-out row: one greedy episode per row, so episode i of
+    the batch is row i (not the training layout of num_generations episodes per prompt)."""
+    module = key_module(even_stops_model, environment=FailsOnKey, eval_max_new_tokens=6)
+    dm = key_data(tmp_path, num_eval=5, eval_batch_size=5)
+    dm.setup("validate")
+    batch = collate_prompts(dm.eval_rows)
+    i = 3
+    monkeypatch.setattr(FailsOnKey, "bad_key", batch["key"][i])
+    with pytest.raises(RolloutError, match="FailsOnKey.step raised RuntimeError: lookup table corrupt") as e:
+        module.greedy_episodes(batch)
+    assert e.value.__notes__[-1] == f"in episode {i} of 5 (prompt {i}, sample_id {batch['sample_id'][i]!r})"
 
 
 def test_async_rollouts_build_an_episode_engine(stops_model, tmp_path):
