@@ -679,7 +679,9 @@ class EpisodeEngine(RolloutEngine):
     def make_env(self) -> Any:
         """A fresh environment from :attr:`env_factory`, with :attr:`tool_timeout` set when it has that attribute
         and :attr:`tool_timeout` is not ``None`` (the engine's value wins; the first environment whose own value
-        differs gets a ``UserWarning`` naming both, once per engine).
+        differs gets a ``UserWarning`` naming both, once per engine), and its ``max_turns`` attribute, when it has
+        one (:attr:`lit_llm.rollouts.envs.Environment.max_turns`), set to the turns an episode really gets:
+        :attr:`max_turns`, or the environment's own value when that is smaller.
 
         Raises:
             RolloutError: the factory raised.
@@ -688,6 +690,9 @@ class EpisodeEngine(RolloutEngine):
             env = self.env_factory()
         except Exception as e:
             raise RolloutError(f"env_factory {self.env_factory!r:.80} raised {type(e).__name__}: {e}") from e
+        if hasattr(env, "max_turns"):
+            own = env.max_turns
+            env.max_turns = self.max_turns if own is None else min(int(own), self.max_turns)
         if self.tool_timeout is not None and hasattr(env, "tool_timeout"):
             own = env.tool_timeout
             if own != self.tool_timeout and not self._warned_tool_timeout:

@@ -334,7 +334,11 @@ def test_guess_number_multi_turn_with_user_feedback(stops_model):
         if e["turns"] > 1:
             assert "<|im_start|>user\n" in rb.completion[i] and "guess" in rb.completion[i]
         assert e["env_reward"] in (0.0, 1.0) and e["turns"] <= 3
-        assert e["reason"] in ("answer", "max_turns", "max_new_tokens")
+        # the game has max_turns=3 guesses (not its own 7): it ends itself after the third, never cut by max_turns
+        assert e["reason"] in ("answer", "max_guesses", "max_new_tokens")
+        assert e["reason"] != "max_guesses" or e["turns"] == 3
+        if e["turns"] > 1:
+            assert "3 guesses left" not in rb.completion[i] and " 2 guesses left." in rb.completion[i]
 
 
 def test_resume_continues_exactly(stops_model, tmp_path):

@@ -13,6 +13,7 @@ from episode_doubles import ScriptedEnv, ScriptedPolicy, Step, fake_log_probs
 from lit_llm.rewards import RewardFunctions
 from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutError
 from lit_llm.rollouts.engine import row_seeds
+from lit_llm.rollouts.envs import GuessNumberEnv
 from lit_llm.rollouts.episodes import EPISODE_STAT_KEYS, turn_seed
 
 CHATML_USER = "\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
@@ -251,3 +252,27 @@ def test_check_columns_closes_the_environment_it_builds(tokenizer):
     given = GuessEnv()
     engine.check_columns(["answer"], env=given)
     assert given.closed is False  # a caller's environment stays open
+
+
+def test_guess_number_feedback_counts_the_engines_turns(tokenizer):
+    """max_turns=3 below GuessNumberEnv's 7 guesses: the engine hands the budget to each fresh environment, so the
+    feedback counts down from the 3 turns the episode really has and the game itself ends after the third guess."""
+    def reply(ids, seed):
+        return tokenizer("10<|im_end|>", add_special_tokens=False)["input_ids"], False
+    policy = ScriptedPolicy(reply, pad_token_id=tokenizer.pad_token_id)
+    engine = EpisodeEngine(policy, tokenizer=tokenizer, env_factory=GuessNumberEnv, num_generations=2, max_turns=3,
+                           batching=False)
+    assert engine.make_env().max_turns == 3
+    rows = {"prompt": ["Guess!"], "secret": [50], "sample_id": ["g"]}
+    rb = engine.rollout(rows, step=0)
+    for i, e in enumerate(rb.episodes):
+        assert (e["turns"], e["reason"], e["truncated"], e["env_reward"]) == (3, "max_guesses", False, 0.0)
+        feedback = [part.split("<|im_end|>")[0] for part in rb.completion[i].split("<|im_start|>user\n")[1:]]
+        assert feedback == ["Higher. 2 guesses left.", "Higher. 1 guess left."]
+    # an environment's own smaller budget is kept; one without the attribute gets none
+    class TwoTurns(GuessNumberEnv):
+        max_turns = 2
+    assert EpisodeEngine(policy, tokenizer=tokenizer, env_factory=TwoTurns, num_generations=2,
+                         max_turns=3).make_env().max_turns == 2
+    assert not hasattr(EpisodeEngine(policy, tokenizer=tokenizer, env_factory=GuessEnv, num_generations=2,
+                                     max_turns=3).make_env(), "max_turns")

@@ -95,10 +95,15 @@ class Environment:
             chat template's ``tools=`` (their schemas) or described in a system message.
         required_columns: dataset columns :meth:`reset` / the environment needs (checked at setup with a clear
             error).
+        max_turns: the model turns the episode may have, ``None`` when unknown. The episode engine sets it on each
+            fresh instance to its own ``max_turns`` (the smaller of the two when the instance already has a value),
+            so an environment that tells the model how many turns are left (:class:`~lit_llm.rollouts.envs.
+            GuessNumberEnv`) tells the truth.
     """
 
     tools: list[Tool] = []  # a read-only default: subclasses assign their own list
     required_columns: tuple[str, ...] = ()
+    max_turns: int | None = None
 
     def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The initial messages of the episode of dataset row ``row`` (a dict with ``"prompt"`` and the dataset's
