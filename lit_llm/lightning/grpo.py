@@ -47,7 +47,8 @@ the reward ``env_reward_weight * env`` plus the optional ``reward_funcs`` (which
 option above applies per episode. Extra per-step metrics (:mod:`lit_llm.lightning.episode_metrics`):
 ``train/episodes/*`` (turns, tool calls and success rate, truncation by reason, sampled / environment tokens),
 ``train/reward_by_turns/<k>``, ``time/tools``, ``time/env``, ``time/episode_generation``; the samples table shows
-whole episodes; validation runs greedy episodes (``eval/env_reward``, ``eval/tool_call_rate``, ``eval/turns``).
+whole episodes (prompt and completion, with the evaluation table's columns); validation runs greedy episodes
+(``eval/env_reward``, ``eval/tool_call_rate``, ``eval/turns``).
 """
 
 from __future__ import annotations
@@ -64,7 +65,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS, episode_columns, episode_metrics, episode_times
+from lit_llm.lightning.episode_metrics import (
+    EPISODE_EVAL_METRICS,
+    episode_columns,
+    episode_metrics,
+    episode_sample_table,
+    episode_times,
+)
 from lit_llm.lightning.grpo_data import BUILTIN_TASKS, ENVIRONMENT_TASKS
 from lit_llm.lightning.grpo_eval import GreedyEvaluation
 from lit_llm.lightning.module import PolicyModule
@@ -736,15 +743,13 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         k = min(self.num_logged_samples, rollout.num_rows)
         if k == 0:
             return
-        names = list(rollout.rewards.keys())
-        columns = ["step", "sample_id", "completion", "reward", "advantage", *names]
-        rows = [[self.global_step, rollout.sample_id[i], rollout.completion[i],
-                 round(float(rollout.reward[i]), 4), round(float(rollout.advantage[i]), 4),
-                 *[round(float(rollout.rewards[n][i]), 4) for n in names]] for i in range(k)]
-        if rollout.episodes is not None:  # the completion is the whole episode (special tokens kept: turns show)
-            columns += ["turns", "tool_calls", "tool_errors", "reason"]
-            for i, row in enumerate(rows):
-                e = rollout.episodes[i]
-                row += [e["turns"], e["tool_calls"], e["tool_errors"], e["reason"]]
+        if rollout.episodes is not None:  # whole episodes: the evaluation table's columns (episode_metrics)
+            columns, rows = episode_sample_table(self.global_step, rollout, k)
+        else:
+            names = list(rollout.rewards.keys())
+            columns = ["step", "sample_id", "completion", "reward", "advantage", *names]
+            rows = [[self.global_step, rollout.sample_id[i], rollout.completion[i],
+                     round(float(rollout.reward[i]), 4), round(float(rollout.advantage[i]), 4),
+                     *[round(float(rollout.rewards[n][i]), 4) for n in names]] for i in range(k)]
         append_csv(self.trainer, "rollout_samples.csv", columns, rows)
         log_table(self.trainer, "train/samples", columns, rows)

@@ -7,7 +7,9 @@ episodes of a batch run concurrently through the batcher (:meth:`GreedyEvaluatio
 ``eval/env_reward`` (the environment's reward: the calculator's exact-answer accuracy), ``eval/tool_call_rate``
 (episodes with at least one tool call), ``eval/turns`` (model turns per episode) and ``eval/<fn>`` of the evaluation
 reward functions over whole episodes (with the ``tools`` column, as in training); ``eval_samples.csv`` shows whole
-episodes (everything after the prompt, special tokens kept, so the turns show).
+episodes with the training table's columns (:func:`~lit_llm.lightning.episode_metrics.episode_sample_columns`: the
+``prompt``, the ``completion`` after it, special tokens kept so the turns show, ``reference``, ``env_reward``, the
+reward functions, ``turns``, ``tool_calls``, ``tool_errors``, ``reason``).
 
 :class:`GreedyEvaluation` is mixed into :class:`~lit_llm.lightning.grpo.GRPOModule`: ``trainer.val_check_interval``
 runs it every N steps; each ``eval_reward_funcs`` function's mean is logged as ``eval/<fn>`` (torchmetrics, synced
@@ -27,6 +29,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lit_llm.data.prompts import tokenize_prompts
+from lit_llm.lightning.episode_metrics import episode_sample_columns, episode_sample_row
 from lit_llm.lightning.progress import StepProgressBar
 from lit_llm.lightning.tables import append_csv, log_table
 from lit_llm.rollouts import EpisodeEngine, Trajectory
@@ -107,10 +110,9 @@ class GreedyEvaluation:
             self.eval_metrics[name].update(vals.to(self.device))
         room = self.eval_samples - len(self._eval_rows)
         for i in range(max(0, min(room, len(trajs)))):
-            t, row = trajs[i], rows[i]
-            self._eval_rows.append([self.eval_step, row["sample_id"], t.text(self.engine.renderer),
-                                    _reference(row, envs[i]), round(t.env_reward, 4), t.turns, t.tool_calls,
-                                    t.reason, *[round(float(per_fn[n][i]), 4) for n in per_fn]])
+            self._eval_rows.append(episode_sample_row(self.eval_step, rows[i]["sample_id"],
+                                                      trajs[i].stats(self.engine.renderer),
+                                                      [_reference(rows[i], envs[i])], [v[i] for v in per_fn.values()]))
 
     @torch.no_grad()
     def greedy_responses(self, batch: dict[str, Any]) -> list[Tensor]:
@@ -172,9 +174,8 @@ class GreedyEvaluation:
                                ", ".join(f"{k}={float(v):.3f}" for k, v in values.items()))
             if rows:
                 names = [] if self.eval_rewards is None else self.eval_rewards.names
-                if getattr(self, "env_factory", None) is not None:
-                    columns = ["step", "sample_id", "episode", "reference", "env_reward", "turns", "tool_calls",
-                               "reason", *names]
+                if getattr(self, "env_factory", None) is not None:  # the training table's columns
+                    columns = episode_sample_columns(["reference"], names)
                 else:
                     columns = ["step", "sample_id", "completion", "reference", *names]
                 append_csv(self.trainer, "eval_samples.csv", columns, rows)

@@ -90,7 +90,7 @@ DEFAULT_STEP_TIMEOUT = 300.0
 
 #: Keys of each row's dict in :attr:`RolloutBatch.episodes <lit_llm.rollouts.batch.RolloutBatch.episodes>`.
 EPISODE_STAT_KEYS = ("turns", "tool_calls", "tool_errors", "tool_time", "env_time", "generation_time", "truncated",
-                     "reason", "env_reward", "sampled_tokens", "env_tokens", "text")
+                     "reason", "env_reward", "sampled_tokens", "env_tokens", "prompt", "text")
 
 #: Reasons the engine itself ends an episode (an environment gives its own in ``EnvStep.info["reason"]``).
 ENGINE_REASONS = ("max_turns", "max_episode_tokens", "max_new_tokens", "max_context", "step_timeout", "aborted")
@@ -334,17 +334,29 @@ class Trajectory:
     def text(self, tokenizer: Any) -> str:
         """The completion as the model saw it (special tokens kept, so turns stay visible); ``tokenizer`` is a
         tokenizer or an :class:`EpisodeRenderer`."""
-        if isinstance(tokenizer, EpisodeRenderer):
-            return tokenizer.decode(self.completion_ids, skip_special_tokens=False)
-        return tokenizer.decode(self.completion_ids.tolist(), skip_special_tokens=False)
+        return _decode(tokenizer, self.completion_ids)
+
+    def prompt_text(self, tokenizer: Any) -> str:
+        """The first render as the model saw it (system message with any tool description, the user question, the
+        generation prompt; special tokens kept), decoded from :attr:`prompt_ids`; ``tokenizer`` as :meth:`text`."""
+        return _decode(tokenizer, self.prompt_ids)
 
     def stats(self, tokenizer: Any) -> dict[str, Any]:
-        """The per-episode statistics (:data:`EPISODE_STAT_KEYS`) of :attr:`RolloutBatch.episodes`."""
+        """The per-episode statistics (:data:`EPISODE_STAT_KEYS`) of :attr:`RolloutBatch.episodes`: the counts and
+        times of the attributes, ``sampled_tokens`` / ``env_tokens`` (:attr:`num_sampled_tokens`,
+        :attr:`num_env_tokens`), ``prompt`` (:meth:`prompt_text`) and ``text`` (:meth:`text`)."""
         return {"turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
                 "tool_time": self.tool_time, "env_time": self.env_time, "generation_time": self.generation_time,
                 "truncated": self.truncated, "reason": self.reason, "env_reward": self.env_reward,
                 "sampled_tokens": self.num_sampled_tokens, "env_tokens": self.num_env_tokens,
-                "text": self.text(tokenizer)}
+                "prompt": self.prompt_text(tokenizer), "text": self.text(tokenizer)}
+
+
+def _decode(tokenizer: Any, ids: Tensor) -> str:
+    """``ids`` decoded with special tokens kept, by an :class:`EpisodeRenderer` (thread-safe) or a tokenizer."""
+    if isinstance(tokenizer, EpisodeRenderer):
+        return tokenizer.decode(ids, skip_special_tokens=False)
+    return tokenizer.decode(ids.tolist(), skip_special_tokens=False)
 
 
 # ------------------------------------------------------------------------------------------------------ episodes

@@ -88,11 +88,25 @@ def trainer(steps: int, *callbacks, root, **kw) -> Trainer:
 def test_episode_metrics_match_the_rollouts(stops_model, tmp_path):
     """Every logged episode metric equals its definition computed here from the step's RolloutBatch.episodes."""
     seed_everything(0)
-    module = key_module(stops_model)
+    module = key_module(stops_model, log_samples_every=1, num_logged_samples=3)
     assert isinstance(module.engine, EpisodeEngine) and module.rewards is None
     seen, rec = spy_rollouts(module), Recorder()
     trainer(3, rec, root=tmp_path).fit(module, key_data(tmp_path))
     assert len(seen) == len(rec.steps) == 3
+    # the sampled-episodes table: the evaluation table's columns, the whole episode (prompt + completion)
+    with open(tmp_path / "rollout_samples.csv") as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["step", "sample_id", "prompt", "completion", "reward", "advantage", "env_reward", "turns",
+                        "tool_calls", "tool_errors", "reason"]
+    assert len(table) == 1 + 3 * 3
+    for step, rb in enumerate(seen, start=1):
+        for i, row in enumerate(table[1 + 3 * (step - 1):1 + 3 * step]):
+            e, p = rb.episodes[i], int(rb.prompt_index[i])
+            question = module.tokenizer.decode(rb.prompt_ids[p][rb.prompt_mask[p]].tolist())
+            assert row == [str(step), rb.sample_id[i], question, rb.completion[i], str(round(float(rb.reward[i]), 4)),
+                           str(round(float(rb.advantage[i]), 4)), str(round(e["env_reward"], 4)), str(e["turns"]),
+                           str(e["tool_calls"]), str(e["tool_errors"]), e["reason"]]
+            assert "<|im_start|>user\nFind the code of key " in row[2] and row[2].endswith("assistant\n")
     all_turns = set()
     for rb, m in zip(seen, rec.steps):
         eps = rb.episodes
@@ -275,12 +289,19 @@ def test_greedy_episode_evaluation(even_stops_model, tmp_path):
     assert float(row["eval/tool_call_format_reward"]) == 0.0  # no tool is offered: no valid call
     with open(f"{logger.log_dir}/eval_samples.csv") as f:
         samples = list(csv.DictReader(f))
+    assert list(samples[0]) == ["step", "sample_id", "prompt", "completion", "reference", "env_reward",
+                                "tool_call_format_reward", "turns", "tool_calls", "tool_errors", "reason"]
     assert [s["sample_id"] for s in samples] == [r["sample_id"] for r in dm.eval_rows[:3]]
-    for s, t in zip(samples, trajs):
-        assert s["episode"] == t.text(module.tokenizer)
-        assert (int(s["turns"]), int(s["tool_calls"]), s["reason"]) == (t.turns, t.tool_calls, t.reason)
-        assert float(s["env_reward"]) == t.env_reward
-        assert "\n<|im_start|>tool\nThe code of" in s["episode"]  # special tokens kept: the turns show
+    for s, t, r in zip(samples, trajs, dm.eval_rows):
+        assert s["prompt"] == t.prompt_text(module.tokenizer) == module.tokenizer.apply_chat_template(
+            [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=False)
+        assert s["prompt"].endswith(f"<|im_start|>user\n{r['prompt']}<|im_end|>\n<|im_start|>assistant\n")
+        assert s["completion"] == t.text(module.tokenizer)
+        assert (int(s["turns"]), int(s["tool_calls"]), int(s["tool_errors"]), s["reason"]) == (
+            t.turns, t.tool_calls, t.tool_errors, t.reason)
+        assert int(s["tool_errors"]) == (r["mode"] == "error")  # CapitalAfterToolEnv's failing lookups
+        assert float(s["env_reward"]) == round(t.env_reward, 4) and float(s["tool_call_format_reward"]) == 0.0
+        assert "\n<|im_start|>tool\nThe code of" in s["completion"]  # special tokens kept: the turns show
         assert s["reference"] == "key=" + next(r["key"] for r in dm.eval_rows if r["sample_id"] == s["sample_id"])
 
 

@@ -110,6 +110,8 @@ def test_rollout_batch_of_episodes(tokenizer, batching):
         assert stats["tool_time"] == pytest.approx(0.25 * (n - 1)) and stats["env_reward"] == float(g == 0)
         assert stats["sampled_tokens"] == sum(mask) and stats["env_tokens"] == len(ids) - sum(mask)
         assert stats["text"] == rb.completion[i] == tokenizer.decode(ids, skip_special_tokens=False)
+        assert stats["prompt"] == tokenizer.decode(prompt, skip_special_tokens=False)
+        assert stats["prompt"].endswith(f"<|im_start|>user\n{BATCH['prompt'][k]}<|im_end|>\n<|im_start|>assistant\n")
         assert rb.sample_id[i] == BATCH["sample_id"][k]
     assert rb.prompt_index.tolist() == [0, 0, 1, 1] and rb.group.tolist() == [0, 0, 1, 1]
     assert not rb.truncated.any() and (rb.policy_version == 4).all()
