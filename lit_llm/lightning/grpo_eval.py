@@ -34,6 +34,7 @@ from lit_llm.lightning.progress import StepProgressBar
 from lit_llm.lightning.tables import append_csv, log_table
 from lit_llm.rollouts import EpisodeEngine, Trajectory
 from lit_llm.rollouts.engine import read_prompt_batch
+from lit_llm.rollouts.envs import tool_schemas
 
 __all__ = ["GreedyEvaluation"]
 
@@ -98,8 +99,7 @@ class GreedyEvaluation:
         per_fn: dict[str, Tensor] = {}
         if self.eval_rewards is not None:
             columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "sample_id")}
-            columns.setdefault("tools", [self.engine.renderer.tool_schemas(getattr(env, "tools", None))
-                                         for env in envs])
+            columns.setdefault("tools", [tool_schemas(getattr(env, "tools", None)) for env in envs])
             _, per_fn = self.eval_rewards(prompts=[t.messages[:t.num_prompt_messages] for t in trajs],
                                           completions=[t.completion_messages for t in trajs],
                                           completion_ids=[t.completion_ids.tolist() for t in trajs],

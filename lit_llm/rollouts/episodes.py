@@ -63,6 +63,7 @@ from lit_llm.rollouts.engine import (
     row_seeds,
 )
 from lit_llm.rollouts.envs.base import call_with_timeout
+from lit_llm.rollouts.envs.tools import prompt_with_tools, tool_schemas
 
 __all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "ENGINE_REASONS", "EPISODE_BATCHING_TIMEOUT",
            "EPISODE_STAT_KEYS", "EpisodeEngine", "EpisodeRenderer", "Segment", "Trajectory", "run_episode", "turn_seed"]
@@ -122,7 +123,7 @@ class EpisodeRenderer:
         chat_template: as :meth:`lit_llm.data.history.History.apply_chat_template` (``None``: the tokenizer's).
         chat_template_kwargs: template variables of every render (e.g. ``{"enable_thinking": False}``).
         tools_prompt: ``fn(tools) -> str``, the system-prompt text describing ``tools`` for templates that do not
-            read ``tools``; default :func:`lit_llm.rollouts.envs.tools_system_prompt` (imported when first needed).
+            read ``tools``; default :func:`lit_llm.rollouts.envs.tools_system_prompt`.
 
     Raises:
         ChatTemplateError: an unusable template (a path that does not exist, invalid Jinja).
@@ -141,31 +142,8 @@ class EpisodeRenderer:
         self._tokenizer_lock = threading.RLock()  # fast tokenizers are not safe to call from concurrent threads
 
     # ---------------------------------------------------------------------------------------------------- tools
-    @staticmethod
-    def tool_schemas(tools: Sequence[Any] | None) -> list[dict]:
-        """JSON schemas of ``tools``: a dict is a schema already, an object with ``.schema`` gives it (``Tool``), a
-        plain callable gets ``transformers.utils.get_json_schema``.
-
-        Raises:
-            RolloutError: an entry that is none of these (names its index).
-        """
-        out = []
-        for i, t in enumerate(tools or ()):
-            if isinstance(t, Mapping):
-                out.append(dict(t))
-            elif getattr(t, "schema", None) is not None:
-                out.append(dict(t.schema))
-            elif callable(t):
-                from transformers.utils import get_json_schema
-
-                out.append(get_json_schema(t))
-            else:
-                raise RolloutError(f"environment tool {i} is {t!r:.80}: give a Tool, a JSON-schema dict or a "
-                                   f"callable with a Google-style docstring.")
-        return out
-
     def _template_kwargs(self, tools: Sequence[Any] | None) -> dict[str, Any]:
-        schemas = self.tool_schemas(tools)
+        schemas = tool_schemas(tools)
         return {**self.chat_template_kwargs, **({"tools": schemas} if schemas and self.takes_tools else {})}
 
     def _renderer(self, tools: Sequence[Any] | None) -> _Renderer:
@@ -182,8 +160,6 @@ class EpisodeRenderer:
         """The initial messages as the model sees them: unchanged when there is no tool or the template reads
         ``tools``; otherwise the tools' description (:attr:`tools_prompt`) ends the system message (one is added
         first when there is none): :func:`~lit_llm.rollouts.envs.prompt_with_tools`, as the SFT traces."""
-        from lit_llm.rollouts.envs import prompt_with_tools
-
         if not tools or self.takes_tools:
             return [dict(m) for m in messages]
         return prompt_with_tools(messages, list(tools), template_takes_tools=False, describe=self.tools_prompt)[0]
@@ -857,7 +833,7 @@ class EpisodeEngine(RolloutEngine):
         if self.reward_fn is not None:
             rep_columns = {k: [v for v in col for _ in range(g)] for k, col in columns.items()}
             if "tools" not in rep_columns:  # each episode's tool schemas (tool_call_format_reward reads them)
-                rep_columns["tools"] = [self.renderer.tool_schemas(getattr(env, "tools", None)) for env in envs]
+                rep_columns["tools"] = [tool_schemas(getattr(env, "tools", None)) for env in envs]
             fn_total, fn_rewards = self.reward_fn(
                 prompts=[t.messages[:t.num_prompt_messages] for t in trajs],
                 completions=[t.completion_messages for t in trajs],

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from lit_llm.data.errors import ChatTemplateError
 from lit_llm.data.history import History
 from lit_llm.rollouts import EpisodeRenderer, RolloutError, run_episode
+from lit_llm.rollouts.envs import tool_schemas
 from lit_llm.rollouts.episodes import turn_seed
 
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -96,7 +97,7 @@ def test_trajectory_is_sampled_ids_plus_suffixes_and_mask_is_provenance(case, to
     seen = []
     traj = run_episode(env, {"prompt": "Guess my number."}, renderer=renderer,
                        generate=scripted_generate(replies, seen), seed=11)
-    tools_kw = {"tools": renderer.tool_schemas(env.tools)} if env.tools else {}
+    tools_kw = {"tools": tool_schemas(env.tools)} if env.tools else {}
     prompt = History.from_chats([{"role": "user", "content": "Guess my number."}]).apply_chat_template(
         tok, chat_template=template, add_generation_prompt=True, return_dict=False, **tools_kw)
     suffix_ids = [tok(s, add_special_tokens=False)["input_ids"] for s in suffixes]

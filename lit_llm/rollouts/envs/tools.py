@@ -29,7 +29,7 @@ from typing import Any, Literal
 from lit_llm.rollouts.envs.base import Environment, EnvStep, _last_assistant, call_with_timeout, prompt_messages
 
 __all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "Tool", "ToolCall", "ToolCallParseError", "ToolEnv", "ToolResult",
-           "parse_tool_calls", "prompt_with_tools", "template_supports_tools", "tools_system_prompt",
+           "parse_tool_calls", "prompt_with_tools", "template_supports_tools", "tool_schemas", "tools_system_prompt",
            "validate_arguments"]
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -293,8 +293,36 @@ def _as_tools(tools: Sequence[Tool | Callable[..., Any]]) -> list[Tool]:
     return [_as_tool(t) for t in tools]
 
 
-def _schemas(tools: Sequence[Tool | Callable[..., Any] | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [dict(t) if isinstance(t, Mapping) else _as_tool(t).schema for t in tools]
+def tool_schemas(tools: Sequence[Tool | Callable[..., Any] | Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """The JSON schemas of ``tools``, in order: what chat templates take as ``tools=`` and reward functions get as
+    the ``tools`` column.
+
+    Args:
+        tools: each a schema dict (``{"type": "function", "function": {"name", "description", "parameters"}}``,
+            copied), a :class:`Tool` (or any object with a ``schema`` dict, e.g. an environment's own tool class:
+            its schema), or a plain callable (``Tool(fn).schema``: ``transformers.utils.get_json_schema`` of its
+            signature and Google-style docstring); ``None`` or empty: ``[]``.
+
+    Returns:
+        A new list of schema dicts (shallow copies: changing one leaves the tool alone).
+
+    Raises:
+        ValueError: an entry that is none of these (names its index), or a callable whose schema cannot be built
+            (see :class:`Tool`: a type hint and an ``Args:`` entry per parameter).
+    """
+    out = []
+    for i, t in enumerate(tools or ()):
+        if isinstance(t, Mapping):
+            out.append(dict(t))
+        elif isinstance(getattr(t, "schema", None), Mapping):
+            out.append(dict(t.schema))
+        elif callable(t):
+            out.append(dict(_as_tool(t).schema))
+        else:
+            raise ValueError(f"tool {i} is {type(t).__name__} {t!r:.80}: give a Tool, a JSON-schema dict "
+                             f"{{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}} or a "
+                             f"function with type hints and a Google-style docstring.")
+    return out
 
 
 # ---------------------------------------------------------------------- parsing
@@ -411,7 +439,7 @@ def parse_tool_calls(text: str, *, tokenizer: Any = None,
 def _parse(text: str, tokenizer: Any, tools: Sequence[Any] | None) -> list[ToolCall]:
     if tokenizer is not None and getattr(tokenizer, "response_template", None) is not None:
         try:
-            message = tokenizer.parse_response(text, prefix="", tools=_schemas(tools) if tools else None)
+            message = tokenizer.parse_response(text, prefix="", tools=tool_schemas(tools) if tools else None)
         except Exception as e:  # the parser's ValueError for bad JSON, or anything else it raises on model text
             raise ToolCallParseError(f"the tool call could not be parsed: {e}") from e
         calls = (message.get("tool_calls") or []) if isinstance(message, Mapping) else []
@@ -437,7 +465,7 @@ def tools_system_prompt(tools: Sequence[Tool | Callable[..., Any] | Mapping[str,
     Raises:
         ValueError: ``tools`` is empty, or a callable has no schema (see :class:`Tool`).
     """
-    schemas = _schemas(tools)
+    schemas = tool_schemas(tools)
     if not schemas:
         raise ValueError("tools_system_prompt: no tools given; an environment without tools needs no tool prompt.")
     lines = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
@@ -483,7 +511,7 @@ def prompt_with_tools(messages: Sequence[Mapping[str, Any]],
     if not tools:
         return out, None
     if template_takes_tools:
-        return out, _schemas(tools)
+        return out, tool_schemas(tools)
     text = (describe or tools_system_prompt)(list(tools))
     if out and out[0].get("role") == "system":
         own = out[0]["content"]

@@ -18,6 +18,7 @@ from lit_llm.rollouts.envs import (
     ToolResult,
     parse_tool_calls,
     template_supports_tools,
+    tool_schemas,
     tools_system_prompt,
 )
 
@@ -54,6 +55,35 @@ def test_tool_schema_is_transformers_get_json_schema():
                                "properties": {"a": {"type": "integer", "description": "the first integer."},
                                               "b": {"type": "integer", "description": "the second integer."}}}
     assert Tool(tool).schema == tool.schema  # a Tool wraps its function again
+
+
+def test_tool_schemas_of_every_kind_of_tool():
+    """One conversion for templates, the tools column and the prompt: dicts copied, Tools' and duck-typed tools'
+    schemas, plain functions through Tool; None / [] give []; anything else names its index."""
+    from transformers.utils import get_json_schema
+
+    schema = get_json_schema(add)
+
+    class OwnTool:  # an environment's own tool class with a schema attribute
+        schema = {"type": "function", "function": {"name": "own", "parameters": {}}}
+
+    given_dict = {"type": "function", "function": {"name": "d"}}
+    out = tool_schemas([given_dict, Tool(add), OwnTool(), describe])
+    assert out == [given_dict, schema, OwnTool.schema, get_json_schema(describe)]
+    out[0]["extra"] = 1
+    out[1]["extra"] = 1
+    assert "extra" not in given_dict and "extra" not in Tool(add).schema  # copies
+    assert tool_schemas(None) == tool_schemas([]) == []
+    with pytest.raises(ValueError) as e:
+        tool_schemas([add, 42])
+    assert str(e.value) == ("tool 1 is int 42: give a Tool, a JSON-schema dict {'type': 'function', 'function': "
+                            "{'name': ..., 'parameters': {...}}} or a function with type hints and a Google-style "
+                            "docstring.")
+
+    def bare(x: int) -> int:
+        return x
+    with pytest.raises(ValueError, match=r"Tool 'bare': cannot build its JSON schema"):
+        tool_schemas([bare])
 
 
 def test_tool_without_docstring_or_hint_is_a_clear_error():
