@@ -377,3 +377,18 @@ def test_property_budgets_and_endings(tokenizer, lengths, feedback, budget, max_
         assert cut_last and traj.segments[-1].ids[-1] == 500
     else:
         assert traj.reason == "max_episode_tokens" and budget is not None
+
+
+def test_public_names_importable_from_episodes():
+    """The split into renderer / trajectory / loop modules keeps every public name where it was."""
+    import lit_llm.rollouts as rollouts
+    from lit_llm.rollouts import episode_loop, episode_renderer, episodes, trajectory
+
+    homes = {"EpisodeRenderer": episode_renderer, "Segment": trajectory, "Trajectory": trajectory,
+             "EPISODE_STAT_KEYS": trajectory, "run_episode": episode_loop, "turn_seed": episode_loop,
+             "DEFAULT_MAX_TURNS": episode_loop, "DEFAULT_STEP_TIMEOUT": episode_loop, "ENGINE_REASONS": episode_loop}
+    assert set(homes) < set(episodes.__all__)
+    for name, home in homes.items():
+        assert getattr(episodes, name) is getattr(home, name), name
+    for name in ("EpisodeEngine", "EpisodeRenderer", "Trajectory", "run_episode", "turn_seed"):
+        assert getattr(rollouts, name) is getattr(episodes, name)
