@@ -15,11 +15,11 @@ from lit_llm.rollouts.envs.base import (
 )
 from lit_llm.rollouts.envs.calculator import CalculatorEnv, calculator, evaluate_expression
 from lit_llm.rollouts.envs.guess_number import GuessNumberEnv
+from lit_llm.rollouts.envs.tool_env import ToolEnv
 from lit_llm.rollouts.envs.tools import (
     Tool,
     ToolCall,
     ToolCallParseError,
-    ToolEnv,
     ToolResult,
     parse_tool_calls,
     prompt_with_tools,
