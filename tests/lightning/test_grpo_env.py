@@ -201,8 +201,10 @@ def test_option_errors():
 
 def test_environment_columns_checked_at_setup_before_any_rollout(tmp_path):
     module = GRPOModule("tiny", environment="guess_number", num_generations=2, max_new_tokens=4)
-    dm = GRPODataModule("calculator", batch_size=2, num_train=8, num_eval=0)
-    with pytest.raises(RolloutError, match=r"GuessNumberEnv needs the column\(s\) \['secret'\].*training prompts"):
+    dm = key_data(tmp_path)  # a file of the user's whose rows lack the game's secret
+    with pytest.raises(RolloutError, match=r"GuessNumberEnv needs the column\(s\) \['secret'\], but the training "
+                                           r"prompts of GRPODataModule has only \['key', 'mode', 'prompt', "
+                                           r"'sample_id'\]"):
         trainer(1, root=tmp_path).fit(module, dm)
     assert module.engine.num_policy_calls == 0
 
