@@ -38,6 +38,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_llm.data.tool_calls import (
+    ToolCallParseError,
+    calls_from_json,
+    parse_tool_calls,
+    tool_schemas,
+    validate_arguments,
+)
+
 __all__ = [
     "REWARD_ARGUMENTS",
     "RewardError",
@@ -333,8 +341,6 @@ _TOOLS_BLOCK = re.compile(r"<tools>(.*?)</tools>", re.S)
 
 def _schemas_of(value: Any, where: str) -> list[dict[str, Any]]:
     """A ``tools`` column entry (a list of schemas / Tools / callables, or its JSON text) -> tool schemas."""
-    from lit_llm.rollouts.envs.tools import Tool, _as_tool
-
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -349,8 +355,8 @@ def _schemas_of(value: Any, where: str) -> list[dict[str, Any]]:
     for t in value:
         if isinstance(t, Mapping) and isinstance(t.get("function", t), Mapping) and t.get("function", t).get("name"):
             out.append(dict(t))
-        elif isinstance(t, Tool) or callable(t):
-            out.append(_as_tool(t).schema)
+        elif callable(t) or isinstance(getattr(t, "schema", None), Mapping):  # a function or a Tool
+            out += tool_schemas([t])
         else:
             raise RewardError(f"tool_call_format_reward: {where}: {t!r:.100} in the 'tools' column is not a tool "
                               f"schema (a dict with a function name), a Tool or a function.")
@@ -379,8 +385,6 @@ def _prompt_schemas(prompt: Any) -> list[dict[str, Any]] | None:
 def _turn_calls(message: Any) -> list[tuple[str, Any]]:
     """``(name, arguments)`` of every call of one assistant turn: its text's ``<tool_call>`` blocks
     (``parse_tool_calls``; markup that does not parse gives none) and its structured ``tool_calls``."""
-    from lit_llm.rollouts.envs.tools import ToolCallParseError, _calls_from_json, parse_tool_calls
-
     text = message if isinstance(message, str) else message.get("content")
     calls = []
     if isinstance(text, str):
@@ -390,7 +394,7 @@ def _turn_calls(message: Any) -> list[tuple[str, Any]]:
             pass
     for i, call in enumerate((message.get("tool_calls") if isinstance(message, Mapping) else None) or []):
         try:
-            calls += [(c.name, c.arguments) for c in _calls_from_json(
+            calls += [(c.name, c.arguments) for c in calls_from_json(
                 call.get("function", call) if isinstance(call, Mapping) else call, f"tool_calls[{i}]", top=False)]
         except ToolCallParseError:
             pass
@@ -409,10 +413,10 @@ def tool_call_format_reward(prompts: list, completions: list, completion_ids: li
     * it is in an assistant turn: the completion itself when it is a string, else every message of the list whose
       ``role`` is ``"assistant"`` (a multi-turn episode's tool / user messages are never searched);
     * it parses: a ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block of the turn's text read by
-      :func:`lit_llm.rollouts.envs.parse_tool_calls` (a turn whose markup does not parse gives no call; other turns
+      :func:`lit_llm.data.tool_calls.parse_tool_calls` (a turn whose markup does not parse gives no call; other turns
       still count), or an entry of the message's structured ``tool_calls``;
     * its name is a known tool and its arguments fit that tool's schema
-      (:func:`lit_llm.rollouts.envs.tools.validate_arguments`: required arguments present, no unknown one, JSON
+      (:func:`lit_llm.data.tool_calls.validate_arguments`: required arguments present, no unknown one, JSON
       types right).
 
     Known tools, per row: the dataset column ``tools`` when the batch has it and the row's entry is not ``None``
@@ -425,10 +429,6 @@ def tool_call_format_reward(prompts: list, completions: list, completion_ids: li
         RewardError: a row with no known tools (no ``tools`` column entry and no ``<tools>`` block in its prompt;
             add a ``tools`` column), or a malformed ``tools`` entry.
     """
-    # The tool-call parser and schema check live with the environments (lit_llm.rollouts.envs, which import this
-    # module): imported at call time, the one place the rewards layer reads a layer below it.
-    from lit_llm.rollouts.envs.tools import validate_arguments
-
     n = len(completions)
     column = _column({"tools": tools}, "tools", n, "tool_call_format_reward") if tools is not None else [None] * n
     out: list[float | None] = []

@@ -29,6 +29,18 @@ episode waited for its model turns, batcher queueing included). Episodes run con
 rollout's wall-clock ``time/generation``; ``time/training`` is the optimizer step's.
 
 Greedy evaluation (:class:`~lit_llm.lightning.grpo_eval.GreedyEvaluation`) logs :data:`EPISODE_EVAL_METRICS`.
+
+Sample tables of episodes (:func:`episode_sample_columns`, :func:`episode_sample_row`): the training table
+(``rollout_samples.csv``, wandb ``train/samples``) and the evaluation table (``eval_samples.csv``, ``eval/samples``)
+share their column names for the same things::
+
+    step, sample_id, prompt, completion, <lead>, env_reward, <reward functions>, turns, tool_calls, tool_errors, reason
+
+``prompt`` is the episode's first render (system message with the tools' description, the question, the generation
+prompt), ``completion`` everything after it (every turn and environment reply), both decoded with special tokens
+kept so the turns show; ``<lead>`` is ``reward, advantage`` in training and ``reference`` (what the episode is scored
+against) in evaluation; ``env_reward`` is the environment's reward (the reward named ``"env"``, before
+``env_reward_weight``), then one column per reward function.
 """
 
 from __future__ import annotations
@@ -41,7 +53,8 @@ from torch import Tensor
 
 from lit_llm.rollouts.episodes import ENGINE_REASONS
 
-__all__ = ["EPISODE_COLUMNS", "EPISODE_EVAL_METRICS", "episode_columns", "episode_metrics", "episode_times"]
+__all__ = ["EPISODE_COLUMNS", "EPISODE_EVAL_METRICS", "EPISODE_SAMPLE_STATS", "episode_columns", "episode_metrics",
+           "episode_sample_columns", "episode_sample_row", "episode_sample_table", "episode_times"]
 
 #: Numeric per-episode columns gathered over ranks (then one indicator column per engine reason).
 EPISODE_COLUMNS = ("turns", "tool_calls", "tool_errors", "truncated", "sampled_tokens", "env_tokens")
@@ -49,6 +62,9 @@ EPISODE_COLUMNS = ("turns", "tool_calls", "tool_errors", "truncated", "sampled_t
 #: ``eval/<name>`` metrics of greedy episodes: the environment's reward (the calculator's accuracy), the fraction
 #: of episodes with a tool call, the mean number of model turns.
 EPISODE_EVAL_METRICS = ("env_reward", "tool_call_rate", "turns")
+
+#: Per-episode statistics that end every row of an episode sample table.
+EPISODE_SAMPLE_STATS = ("turns", "tool_calls", "tool_errors", "reason")
 
 
 def episode_columns(episodes: Sequence[Mapping[str, Any]]) -> Tensor:
@@ -99,3 +115,33 @@ def episode_times(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return {"time/tools": float(sum(e["tool_time"] for e in episodes)),
             "time/env": float(sum(e["env_time"] for e in episodes)),
             "time/episode_generation": float(sum(e["generation_time"] for e in episodes)) / n}
+
+
+def episode_sample_columns(lead: Sequence[str], reward_names: Sequence[str]) -> list[str]:
+    """The header of an episode sample table (see the module docstring): ``step, sample_id, prompt, completion,
+    *lead, env_reward, *reward_names,`` then :data:`EPISODE_SAMPLE_STATS`."""
+    return ["step", "sample_id", "prompt", "completion", *lead, "env_reward", *reward_names, *EPISODE_SAMPLE_STATS]
+
+
+def episode_sample_row(step: int, sample_id: Any, stats: Mapping[str, Any], lead: Sequence[Any],
+                       rewards: Sequence[float]) -> list[Any]:
+    """One row of :func:`episode_sample_columns`, from an episode's statistics dict
+    (:meth:`~lit_llm.rollouts.Trajectory.stats`: ``prompt``, ``text``, ``env_reward``, ``turns``, ...); rewards
+    rounded to 4 decimals."""
+    return [step, sample_id, stats["prompt"], stats["text"], *lead, round(float(stats["env_reward"]), 4),
+            *[round(float(r), 4) for r in rewards], *[stats[k] for k in EPISODE_SAMPLE_STATS]]
+
+
+def episode_sample_table(step: int, rollout: Any, k: int) -> tuple[list[str], list[list[Any]]]:
+    """The training sample table of the first ``k`` episodes of a rollout of episodes (a
+    :class:`~lit_llm.rollouts.RolloutBatch` with ``episodes``): lead columns ``reward`` (the total) and
+    ``advantage``, then ``env_reward`` and the other reward functions.
+
+    Returns:
+        ``(columns, rows)``.
+    """
+    names = [n for n in rollout.rewards.keys() if n != "env"]
+    rows = [episode_sample_row(step, rollout.sample_id[i], rollout.episodes[i],
+                               [round(float(rollout.reward[i]), 4), round(float(rollout.advantage[i]), 4)],
+                               [rollout.rewards[n][i] for n in names]) for i in range(k)]
+    return episode_sample_columns(["reward", "advantage"], names), rows

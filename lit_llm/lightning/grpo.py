@@ -47,7 +47,8 @@ the reward ``env_reward_weight * env`` plus the optional ``reward_funcs`` (which
 option above applies per episode. Extra per-step metrics (:mod:`lit_llm.lightning.episode_metrics`):
 ``train/episodes/*`` (turns, tool calls and success rate, truncation by reason, sampled / environment tokens),
 ``train/reward_by_turns/<k>``, ``time/tools``, ``time/env``, ``time/episode_generation``; the samples table shows
-whole episodes; validation runs greedy episodes (``eval/env_reward``, ``eval/tool_call_rate``, ``eval/turns``).
+whole episodes (prompt and completion, with the evaluation table's columns); validation runs greedy episodes
+(``eval/env_reward``, ``eval/tool_call_rate``, ``eval/turns``).
 """
 
 from __future__ import annotations
@@ -64,8 +65,14 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS, episode_columns, episode_metrics, episode_times
-from lit_llm.lightning.grpo_data import ENVIRONMENT_TASKS
+from lit_llm.lightning.episode_metrics import (
+    EPISODE_EVAL_METRICS,
+    episode_columns,
+    episode_metrics,
+    episode_sample_table,
+    episode_times,
+)
+from lit_llm.lightning.grpo_data import BUILTIN_TASKS, ENVIRONMENT_TASKS
 from lit_llm.lightning.grpo_eval import GreedyEvaluation
 from lit_llm.lightning.module import PolicyModule
 from lit_llm.lightning.tables import append_csv, log_table
@@ -77,9 +84,9 @@ from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
 from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutEngine
 from lit_llm.rollouts.engine import RESERVED_KEYS, _mix_seed
-from lit_llm.rollouts.envs import resolve_environment
+from lit_llm.rollouts.envs import builtin_environment_name, resolve_environment
 
-__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_old_log_probs", "environment_hparam",
+__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_environment_task", "check_old_log_probs", "environment_hparam",
            "environment_unresolved"]
 
 #: Shaped arithmetic reward (the base model rarely answers with just the number: format + answer).
@@ -169,6 +176,34 @@ def environment_hparam(spec: Any) -> Any:
     if isinstance(spec, str) or not qualname or not module or "<locals>" in qualname:
         return spec
     return f"{module}:{qualname}"
+
+
+def check_environment_task(env_factory: Callable[[], Any] | None, task: str | None) -> None:
+    """Check that a built-in environment runs on its own built-in task's rows.
+
+    ``model.environment: calculator`` with ``data.task: arithmetic`` would train without any error (the arithmetic
+    rows have the ``answer`` column the calculator needs) on prompts the environment was not made for. Only built-in
+    pairs are checked: a user environment, or the prompts of a file (``task`` ``None``), may be anything (their
+    columns are checked by :meth:`~lit_llm.rollouts.EpisodeEngine.check_columns`).
+
+    Args:
+        env_factory: the module's environment factory (``None``: single-turn GRPO; nothing to check).
+        task: the data module's ``task`` (:data:`~lit_llm.lightning.grpo_data.BUILTIN_TASKS`, or ``None`` for a file).
+
+    Raises:
+        ValueError: a built-in environment (:func:`~lit_llm.rollouts.envs.builtin_environment_name`) with another
+            built-in task; the message names both options and the fixes.
+    """
+    name = None if env_factory is None else builtin_environment_name(env_factory)
+    if name is None or task not in BUILTIN_TASKS or task == name:
+        return
+    other = (f"set --model.init_args.environment {task} for {task!r} episodes" if task in ENVIRONMENT_TASKS
+             else f"drop --model.init_args.environment for single-turn GRPO on the {task!r} prompts")
+    raise ValueError(f"GRPOModule: model.environment={name!r} plays its episodes on the rows of data.task={name!r}, "
+                     f"but data.task={task!r}: its prompts were not made for the {name!r} environment (training "
+                     f"would run without an error, on the wrong task). Fix: set --data.task {name}, or --data.task "
+                     f"null with --data.path <your rows> (a 'prompt' column and the environment's columns), or "
+                     f"{other}.")
 
 
 def check_old_log_probs(old_log_probs: str, rollout_correction: str, rollout_mode: str) -> None:
@@ -292,7 +327,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             resolve (:class:`~lit_llm.rollouts.envs.EnvironmentSpecError`); reward-function errors
             (:class:`lit_llm.rewards.RewardError`): an unknown name (listing the built-ins), a spec that does not
             import, no function without an environment; at ``setup``, a column a reward function or the
-            environment needs that the prompts lack.
+            environment needs that the prompts lack, or a built-in environment with another built-in ``data.task``
+            (:func:`check_environment_task`).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: DType = "float32", attn_implementation: str | None = None,
@@ -469,13 +505,19 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         """Under DDP, ranks > 0 reseed the global RNG from ``(initial seed, rank)`` (used with ``rollout_seed:
         null``; ``seed_everything`` gives every rank the same one); the engine mixes the rank into its per-row seeds
         (set by the callback). Weights are unaffected: DDP broadcasts rank 0's at wrap time. Then the reward functions'
-        columns are checked against the data module's prompts (:meth:`check_reward_columns`); a data module whose
+        columns are checked against the data module's prompts (:meth:`check_reward_columns`). A built-in
+        ``environment`` with another built-in ``task`` is an error (:func:`check_environment_task`); a data module whose
         ``task`` is an environment's (``calculator``, ``guess_number``) without an ``environment`` warns (its prompts
-        are then single completions)."""
+        are then single completions).
+
+        Raises:
+            ValueError: a built-in environment with another built-in task (names both options and the fix).
+        """
         if self.trainer.world_size > 1 and self.global_rank > 0:
             torch.manual_seed(_mix_seed(torch.initial_seed(), 0, self.global_rank))
         datamodule = getattr(self.trainer, "datamodule", None)
         task = getattr(datamodule, "task", None)
+        check_environment_task(self.env_factory, task)
         if self.env_factory is None and task in ENVIRONMENT_TASKS:
             rank_zero_warn(f"GRPOModule: data.task={task!r} holds the prompts of the {task!r} environment, but "
                            f"model.environment is not set: they are trained as single completions. Set "
@@ -701,15 +743,13 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         k = min(self.num_logged_samples, rollout.num_rows)
         if k == 0:
             return
-        names = list(rollout.rewards.keys())
-        columns = ["step", "sample_id", "completion", "reward", "advantage", *names]
-        rows = [[self.global_step, rollout.sample_id[i], rollout.completion[i],
-                 round(float(rollout.reward[i]), 4), round(float(rollout.advantage[i]), 4),
-                 *[round(float(rollout.rewards[n][i]), 4) for n in names]] for i in range(k)]
-        if rollout.episodes is not None:  # the completion is the whole episode (special tokens kept: turns show)
-            columns += ["turns", "tool_calls", "tool_errors", "reason"]
-            for i, row in enumerate(rows):
-                e = rollout.episodes[i]
-                row += [e["turns"], e["tool_calls"], e["tool_errors"], e["reason"]]
+        if rollout.episodes is not None:  # whole episodes: the evaluation table's columns (episode_metrics)
+            columns, rows = episode_sample_table(self.global_step, rollout, k)
+        else:
+            names = list(rollout.rewards.keys())
+            columns = ["step", "sample_id", "completion", "reward", "advantage", *names]
+            rows = [[self.global_step, rollout.sample_id[i], rollout.completion[i],
+                     round(float(rollout.reward[i]), 4), round(float(rollout.advantage[i]), 4),
+                     *[round(float(rollout.rewards[n][i]), 4) for n in names]] for i in range(k)]
         append_csv(self.trainer, "rollout_samples.csv", columns, rows)
         log_table(self.trainer, "train/samples", columns, rows)

@@ -44,12 +44,15 @@ from lit_llm.data.sources import read_rows
 from lit_llm.lightning.datamodules import module_attr, template_options
 from lit_llm.rollouts.engine import RESERVED_KEYS
 
-__all__ = ["ENVIRONMENT_TASKS", "GRPODataModule", "PromptBatchLoader", "collate_prompts", "environment_rows",
-           "gsm8k_prompts", "prompt_rows"]
+__all__ = ["BUILTIN_TASKS", "ENVIRONMENT_TASKS", "GRPODataModule", "PromptBatchLoader", "collate_prompts",
+           "environment_rows", "gsm8k_prompts", "prompt_rows"]
 
 #: Tasks whose prompts are the synthetic rows of a built-in environment (``make_rows``), for GRPO with
 #: ``model.environment`` set to the same name.
 ENVIRONMENT_TASKS = ("calculator", "guess_number")
+
+#: Every built-in ``task`` of :class:`GRPODataModule` (``None``, the prompts of a file, is not one).
+BUILTIN_TASKS = ("arithmetic", "gsm8k", *ENVIRONMENT_TASKS)
 
 #: Prompt-batch keys that are not dataset columns (the rollout engine's own; a dataset may not use them).
 #: GSM8K as a prompt dataset: the question is the prompt; ``answer`` (with its ``#### n`` line) a reward column.

@@ -7,7 +7,9 @@ episodes of a batch run concurrently through the batcher (:meth:`GreedyEvaluatio
 ``eval/env_reward`` (the environment's reward: the calculator's exact-answer accuracy), ``eval/tool_call_rate``
 (episodes with at least one tool call), ``eval/turns`` (model turns per episode) and ``eval/<fn>`` of the evaluation
 reward functions over whole episodes (with the ``tools`` column, as in training); ``eval_samples.csv`` shows whole
-episodes (everything after the prompt, special tokens kept, so the turns show).
+episodes with the training table's columns (:func:`~lit_llm.lightning.episode_metrics.episode_sample_columns`: the
+``prompt``, the ``completion`` after it, special tokens kept so the turns show, ``reference``, ``env_reward``, the
+reward functions, ``turns``, ``tool_calls``, ``tool_errors``, ``reason``).
 
 :class:`GreedyEvaluation` is mixed into :class:`~lit_llm.lightning.grpo.GRPOModule`: ``trainer.val_check_interval``
 runs it every N steps; each ``eval_reward_funcs`` function's mean is logged as ``eval/<fn>`` (torchmetrics, synced
@@ -27,10 +29,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lit_llm.data.prompts import tokenize_prompts
+from lit_llm.lightning.episode_metrics import episode_sample_columns, episode_sample_row
 from lit_llm.lightning.progress import StepProgressBar
 from lit_llm.lightning.tables import append_csv, log_table
 from lit_llm.rollouts import EpisodeEngine, Trajectory
 from lit_llm.rollouts.engine import read_prompt_batch
+from lit_llm.rollouts.envs import tool_schemas
 
 __all__ = ["GreedyEvaluation"]
 
@@ -50,12 +54,14 @@ class GreedyEvaluation:
         """The :class:`~lit_llm.rollouts.EpisodeEngine` of greedy episodes: the training engine's episode settings
         (:meth:`~lit_llm.rollouts.EpisodeEngine.episode_settings`) and template options over the greedy version of
         ``eval_max_new_tokens`` (:meth:`~lit_llm.lightning.versions.PolicyVersionSwitch.greedy_version`); no reward
-        functions, no sampling seed. Built once per budget."""
+        functions, no sampling seed. Built once per budget. Its ``num_generations`` is the training engine's (the
+        constructor needs a group size) but unused: :meth:`greedy_episodes` runs one episode per row."""
         budget = int(self.eval_max_new_tokens)
         engine = self._eval_engines.get(budget)
         if engine is None:
             train = self.engine
-            engine = EpisodeEngine(self.versions.greedy_version(budget), tokenizer=self.tokenizer, num_generations=2,
+            engine = EpisodeEngine(self.versions.greedy_version(budget), tokenizer=self.tokenizer,
+                                   num_generations=train.num_generations,
                                    seed=None, chat_template=train.chat_template,
                                    chat_template_kwargs=train.chat_template_kwargs, batching=train.batching,
                                    num_workers=train.num_workers, **train.episode_settings())
@@ -71,7 +77,9 @@ class GreedyEvaluation:
             (``{"prompt", "sample_id", <columns>}``, what ``env.reset`` got) and its (closed) environment.
 
         Raises:
-            lit_llm.rollouts.RolloutError: a bad batch or an environment that fails (named).
+            lit_llm.rollouts.RolloutError: a bad batch or an environment that fails (named), with a note naming the
+                held-out row: ``"in episode i of n (prompt i, sample_id '...')"`` (``i``: the row's index in the
+                batch).
         """
         prompts, sample_ids, columns = read_prompt_batch(batch)
         rows = [{"prompt": p, "sample_id": s, **{c: v[i] for c, v in columns.items()}}
@@ -80,7 +88,7 @@ class GreedyEvaluation:
         envs = [engine.make_env() for _ in rows]
         self.versions.num_greedy_calls += 1
         with self.versions.generating():
-            return engine.run_episodes(envs, rows), rows, envs
+            return engine.run_episodes(envs, rows, num_generations=1), rows, envs
 
     def episode_validation_step(self, batch: dict[str, Any]) -> None:
         """Greedy episodes of held-out rows: accumulate ``env_reward``, ``tool_call_rate``, ``turns`` and the
@@ -91,8 +99,7 @@ class GreedyEvaluation:
         per_fn: dict[str, Tensor] = {}
         if self.eval_rewards is not None:
             columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "sample_id")}
-            columns.setdefault("tools", [self.engine.renderer.tool_schemas(getattr(env, "tools", None))
-                                         for env in envs])
+            columns.setdefault("tools", [tool_schemas(getattr(env, "tools", None)) for env in envs])
             _, per_fn = self.eval_rewards(prompts=[t.messages[:t.num_prompt_messages] for t in trajs],
                                           completions=[t.completion_messages for t in trajs],
                                           completion_ids=[t.completion_ids.tolist() for t in trajs],
@@ -103,10 +110,9 @@ class GreedyEvaluation:
             self.eval_metrics[name].update(vals.to(self.device))
         room = self.eval_samples - len(self._eval_rows)
         for i in range(max(0, min(room, len(trajs)))):
-            t, row = trajs[i], rows[i]
-            self._eval_rows.append([self.eval_step, row["sample_id"], t.text(self.engine.renderer),
-                                    _reference(row, envs[i]), round(t.env_reward, 4), t.turns, t.tool_calls,
-                                    t.reason, *[round(float(per_fn[n][i]), 4) for n in per_fn]])
+            self._eval_rows.append(episode_sample_row(self.eval_step, rows[i]["sample_id"],
+                                                      trajs[i].stats(self.engine.renderer),
+                                                      [_reference(rows[i], envs[i])], [v[i] for v in per_fn.values()]))
 
     @torch.no_grad()
     def greedy_responses(self, batch: dict[str, Any]) -> list[Tensor]:
@@ -168,9 +174,8 @@ class GreedyEvaluation:
                                ", ".join(f"{k}={float(v):.3f}" for k, v in values.items()))
             if rows:
                 names = [] if self.eval_rewards is None else self.eval_rewards.names
-                if getattr(self, "env_factory", None) is not None:
-                    columns = ["step", "sample_id", "episode", "reference", "env_reward", "turns", "tool_calls",
-                               "reason", *names]
+                if getattr(self, "env_factory", None) is not None:  # the training table's columns
+                    columns = episode_sample_columns(["reference"], names)
                 else:
                     columns = ["step", "sample_id", "completion", "reference", *names]
                 append_csv(self.trainer, "eval_samples.csv", columns, rows)

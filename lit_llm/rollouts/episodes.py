@@ -22,36 +22,27 @@ passes. Batcher settings (measured, see :data:`EPISODE_BATCHING_TIMEOUT`): ``min
 episode threads, ``batching_timeout`` short. All episodes start together, so every first turn runs in one batch; a
 later batch waits at most the timeout for the turns still coming (episodes that have ended never come), so live
 episodes stay in lock-step without stalling on finished ones.
+
+Modules, one job each (every name is importable from here too): :mod:`~lit_llm.rollouts.episode_renderer` (the
+renders), :mod:`~lit_llm.rollouts.trajectory` (:class:`Segment`, :class:`Trajectory`),
+:mod:`~lit_llm.rollouts.episode_loop` (:func:`run_episode`, :func:`turn_seed`, the limits) and this one (the engine).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from lit_llm.data.chat_template import (
-    _free_chars,
-    _Renderer,
-    _resolve_template,
-    render_continuation,
-    template_takes_tools,
-)
-from lit_llm.data.history import History
-from lit_llm.data.validation import find_special_tokens
 from lit_llm.objectives.grpo import check_advantage_settings, compute_advantages
 from lit_llm.policy.batching import caller_context, in_context
-from lit_llm.policy.sampling import _splitmix64
 from lit_llm.rewards import TrainerState
 from lit_llm.rollouts.batch import RolloutBatch
 from lit_llm.rollouts.engine import (
@@ -62,13 +53,21 @@ from lit_llm.rollouts.engine import (
     read_prompt_batch,
     row_seeds,
 )
-from lit_llm.rollouts.envs.base import call_with_timeout
+from lit_llm.rollouts.envs.tools import tool_schemas
+from lit_llm.rollouts.episode_loop import (
+    DEFAULT_MAX_TURNS,
+    DEFAULT_STEP_TIMEOUT,
+    ENGINE_REASONS,
+    Generate,
+    _env_name,
+    run_episode,
+    turn_seed,
+)
+from lit_llm.rollouts.episode_renderer import EpisodeRenderer
+from lit_llm.rollouts.trajectory import EPISODE_STAT_KEYS, Segment, Trajectory
 
 __all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "ENGINE_REASONS", "EPISODE_BATCHING_TIMEOUT",
            "EPISODE_STAT_KEYS", "EpisodeEngine", "EpisodeRenderer", "Segment", "Trajectory", "run_episode", "turn_seed"]
-
-#: Model turns of an episode when neither ``max_turns`` nor ``max_tool_calling_iterations`` is given.
-DEFAULT_MAX_TURNS = 8
 
 #: Seconds a queued turn waits for the turns of other episodes before its batch runs (the batcher's
 #: ``batching_timeout``; ``min_batch_size`` is the number of episode threads, so a batch starts early only when
@@ -84,463 +83,15 @@ DEFAULT_MAX_TURNS = 8
 #: of at most 50 ms per round; raise it for slower tools (tools longer than it split a round in two batches).
 EPISODE_BATCHING_TIMEOUT = 0.05
 
-#: Seconds an environment's ``step`` may take before its episode ends (reason ``"step_timeout"``): the engine's own
-#: guard against an environment that hangs (tools have their own ``tool_timeout`` inside the environment).
-DEFAULT_STEP_TIMEOUT = 300.0
 
-#: Keys of each row's dict in :attr:`RolloutBatch.episodes <lit_llm.rollouts.batch.RolloutBatch.episodes>`.
-EPISODE_STAT_KEYS = ("turns", "tool_calls", "tool_errors", "tool_time", "env_time", "generation_time", "truncated",
-                     "reason", "env_reward", "sampled_tokens", "env_tokens", "text")
+def _episode_note(i: int, n: int, row: Any, num_generations: int) -> str:
+    """Where episode ``i`` of ``n`` comes from: its prompt (and generation) index and the row's sample id."""
+    g = max(int(num_generations), 1)
+    where = f"prompt {i // g}, generation {i % g}" if g > 1 else f"prompt {i}"
+    sample_id = row.get("sample_id") if isinstance(row, Mapping) else None
+    return f"in episode {i} of {n} ({where}" + (f", sample_id {sample_id!r})" if sample_id is not None else ")")
 
-#: Reasons the engine itself ends an episode (an environment gives its own in ``EnvStep.info["reason"]``).
-ENGINE_REASONS = ("max_turns", "max_episode_tokens", "max_new_tokens", "max_context", "step_timeout", "aborted")
 
-_ENV_ROLES = ("system", "user", "tool")
-_TURN_SALT = 0x5EED_7A5C_0000_0000
-
-
-def turn_seed(row_seed: int, turn: int) -> int:
-    """Sampling seed of model turn ``turn`` of an episode whose row seed is ``row_seed`` (:func:`~lit_llm.rollouts.
-    engine.row_seeds`, mixed from ``(seed, step, rank, prompt, generation)``): turn 0 uses the row seed itself (a
-    one-turn episode samples exactly as :class:`~lit_llm.rollouts.engine.RolloutEngine`), turn ``t > 0``
-    ``splitmix64(row_seed ^ splitmix64(salt + t)) mod 2**63``.
-
-    Returns:
-        An int in ``[0, 2**63)``.
-    """
-    if turn == 0:
-        return int(row_seed)
-    return _splitmix64(int(row_seed) ^ _splitmix64(_TURN_SALT + int(turn))) & ((1 << 63) - 1)
-
-
-# ------------------------------------------------------------------------------------------------------- renders
-class EpisodeRenderer:
-    """Token ids of an episode's renders with one chat template: the first render and the suffixes.
-
-    Args:
-        tokenizer: the policy's (fast) Hugging Face tokenizer.
-        chat_template: as :meth:`lit_llm.data.history.History.apply_chat_template` (``None``: the tokenizer's).
-        chat_template_kwargs: template variables of every render (e.g. ``{"enable_thinking": False}``).
-        tools_prompt: ``fn(tools) -> str``, the system-prompt text describing ``tools`` for templates that do not
-            read ``tools``; default :func:`lit_llm.rollouts.envs.tools_system_prompt` (imported when first needed).
-
-    Raises:
-        ChatTemplateError: an unusable template (a path that does not exist, invalid Jinja).
-    """
-
-    def __init__(self, tokenizer: Any, *, chat_template: Any = None,
-                 chat_template_kwargs: Mapping[str, Any] | None = None,
-                 tools_prompt: Callable[[list], str] | None = None) -> None:
-        self.tokenizer, self.chat_template = tokenizer, chat_template
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.template, self.name = _resolve_template(tokenizer, chat_template, None)
-        self.takes_tools = template_takes_tools(self.template)
-        self.tools_prompt = tools_prompt
-        self._renderers: dict[str, _Renderer] = {}
-        self._lock = threading.Lock()
-        self._tokenizer_lock = threading.RLock()  # fast tokenizers are not safe to call from concurrent threads
-
-    # ---------------------------------------------------------------------------------------------------- tools
-    @staticmethod
-    def tool_schemas(tools: Sequence[Any] | None) -> list[dict]:
-        """JSON schemas of ``tools``: a dict is a schema already, an object with ``.schema`` gives it (``Tool``), a
-        plain callable gets ``transformers.utils.get_json_schema``.
-
-        Raises:
-            RolloutError: an entry that is none of these (names its index).
-        """
-        out = []
-        for i, t in enumerate(tools or ()):
-            if isinstance(t, Mapping):
-                out.append(dict(t))
-            elif getattr(t, "schema", None) is not None:
-                out.append(dict(t.schema))
-            elif callable(t):
-                from transformers.utils import get_json_schema
-
-                out.append(get_json_schema(t))
-            else:
-                raise RolloutError(f"environment tool {i} is {t!r:.80}: give a Tool, a JSON-schema dict or a "
-                                   f"callable with a Google-style docstring.")
-        return out
-
-    def _template_kwargs(self, tools: Sequence[Any] | None) -> dict[str, Any]:
-        schemas = self.tool_schemas(tools)
-        return {**self.chat_template_kwargs, **({"tools": schemas} if schemas and self.takes_tools else {})}
-
-    def _renderer(self, tools: Sequence[Any] | None) -> _Renderer:
-        kwargs = self._template_kwargs(tools)
-        key = json.dumps(kwargs, sort_keys=True, default=repr)
-        with self._lock:
-            r = self._renderers.get(key)
-            if r is None:
-                r = self._renderers[key] = _Renderer(self.tokenizer, self.template, self.name, kwargs)
-            return r
-
-    def prompt_messages(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None
-                        ) -> list[dict]:
-        """The initial messages as the model sees them: unchanged when there is no tool or the template reads
-        ``tools``; otherwise the tools' description (:attr:`tools_prompt`) ends the system message (one is added
-        first when there is none): :func:`~lit_llm.rollouts.envs.prompt_with_tools`, as the SFT traces."""
-        from lit_llm.rollouts.envs import prompt_with_tools
-
-        if not tools or self.takes_tools:
-            return [dict(m) for m in messages]
-        return prompt_with_tools(messages, list(tools), template_takes_tools=False, describe=self.tools_prompt)[0]
-
-    # -------------------------------------------------------------------------------------------------- renders
-    def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> Tensor:
-        """``[Lp]`` long: the first render of ``messages`` (already :meth:`prompt_messages`) with the generation
-        prompt, ``tools=`` given to the template when it reads them.
-
-        Raises:
-            InvalidConversationError, SpecialTokenInContentError, ChatTemplateError: as
-                :meth:`History.apply_chat_template` (bad messages, special-token text in content, template errors).
-        """
-        with self._tokenizer_lock:
-            return History.from_chats([dict(m) for m in messages]).apply_chat_template(
-                self.tokenizer, chat_template=self.chat_template, add_generation_prompt=True, return_dict=False,
-                **self._template_kwargs(tools)).long().reshape(-1)
-
-    def suffix_text(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
-        """The text of :meth:`suffix_ids` (special-token strings in content left as text)."""
-        return render_continuation(self._renderer(tools), [dict(m) for m in messages])
-
-    def suffix_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> Tensor:
-        """``[Ls]`` long: the ids of the render of only ``messages`` after an assistant turn, through the next
-        generation prompt, starting right after the turn's stop token (:func:`~lit_llm.data.chat_template.
-        render_continuation`), tokenised on its own.
-
-        Special-token strings inside a message's content (e.g. a tool echoing ``"<|im_end|>"``) stay text: they are
-        tokenised with ``split_special_tokens=True``, never as control tokens (DESIGN.md property 8).
-
-        Raises:
-            ChatTemplateError: the template cannot render ``messages`` after an assistant turn, or drops them (names
-                the template, the roles and the fix).
-        """
-        renderer = self._renderer(tools)
-        msgs = [dict(m) for m in messages]
-        specials = sorted({t for m in msgs for t in find_special_tokens(self.tokenizer, m["content"])},
-                          key=lambda t: (-len(t), t))
-        if not specials:
-            return self._encode(render_continuation(renderer, msgs))
-        holders = _free_chars(renderer, msgs, len(specials))
-        for m in msgs:
-            for s, h in zip(specials, holders):
-                m["content"] = m["content"].replace(s, h)
-        text = render_continuation(renderer, msgs)
-        back = dict(zip(holders, specials))
-        ids: list[int] = []
-        with self._tokenizer_lock:
-            for piece in re.split(f"([{''.join(holders)}])", text):
-                if piece in back:
-                    ids += self.tokenizer(back[piece], add_special_tokens=False,
-                                          split_special_tokens=True)["input_ids"]
-                elif piece:
-                    ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
-        return torch.tensor(ids, dtype=torch.long)
-
-    def _encode(self, text: str) -> Tensor:
-        with self._tokenizer_lock:
-            return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-
-    def decode(self, ids: Sequence[int] | Tensor, *, skip_special_tokens: bool = True) -> str:
-        """``tokenizer.decode`` (thread-safe): a sampled turn's text as the environment reads it."""
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-        with self._tokenizer_lock:
-            return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-
-
-# ---------------------------------------------------------------------------------------------------- trajectory
-class Segment(NamedTuple):
-    """One part of a trajectory's completion: ``source`` ``"model"`` (sampled ids, with their generation-time
-    log-probs) or ``"env"`` (a suffix render; log-probs 0.0). ``ids`` ``[L]`` long, ``log_probs`` ``[L]`` float32."""
-
-    source: Literal["model", "env"]
-    ids: Tensor
-    log_probs: Tensor
-
-
-@dataclass
-class Trajectory:
-    """One episode: the ids the model saw, where each came from, and what happened.
-
-    Attributes:
-        prompt_ids: ``[Lp]`` long, the first render (initial messages + generation prompt).
-        messages: the conversation: the prompt messages (as the model saw them, tool description included), then
-            each assistant turn (``{"role": "assistant", "content": decoded text}``) and each environment message.
-        num_prompt_messages: how many of ``messages`` are the prompt.
-        segments: the completion, in order (:class:`Segment`).
-        env_reward: sum of the environment's step rewards.
-        turns: model turns sampled. tool_calls, tool_errors: summed from ``EnvStep.info``.
-        tool_time: seconds in tools (``EnvStep.info["tool_time"]`` summed). env_time: seconds in ``env.step``.
-        generation_time: seconds this episode waited for its model turns (queueing in the batcher included).
-        done: the environment ended the episode. truncated: the engine ended it (``reason`` says why: one of
-            :data:`ENGINE_REASONS`). reason: why it ended (the environment's ``info["reason"]``, default
-            ``"done"``, or the engine's).
-    """
-
-    prompt_ids: Tensor
-    messages: list[dict]
-    num_prompt_messages: int
-    segments: list[Segment] = field(default_factory=list)
-    env_reward: float = 0.0
-    turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    tool_time: float = 0.0
-    env_time: float = 0.0
-    generation_time: float = 0.0
-    done: bool = False
-    truncated: bool = False
-    reason: str = ""
-
-    def _cat(self, parts: list[Tensor], dtype: torch.dtype) -> Tensor:
-        return torch.cat([p.to(dtype) for p in parts]) if parts else torch.zeros(0, dtype=dtype)
-
-    @property
-    def completion_ids(self) -> Tensor:
-        """``[Lc]`` long: every id after the prompt (sampled and environment ids, in order)."""
-        return self._cat([s.ids for s in self.segments], torch.long)
-
-    @property
-    def loss_mask(self) -> Tensor:
-        """``[Lc]`` bool: True exactly on sampled ids (provenance)."""
-        return self._cat([torch.full((len(s.ids),), s.source == "model") for s in self.segments], torch.bool)
-
-    @property
-    def log_probs(self) -> Tensor:
-        """``[Lc]`` float32: generation-time log-probs on sampled ids, 0.0 on environment ids."""
-        return self._cat([s.log_probs for s in self.segments], torch.float32)
-
-    @property
-    def full_ids(self) -> Tensor:
-        """``[Lp + Lc]`` long: the whole trajectory as the model saw it."""
-        return torch.cat([self.prompt_ids, self.completion_ids])
-
-    @property
-    def completion_messages(self) -> list[dict]:
-        """The messages after the prompt (assistant turns and environment replies)."""
-        return self.messages[self.num_prompt_messages:]
-
-    @property
-    def num_sampled_tokens(self) -> int:
-        return sum(len(s.ids) for s in self.segments if s.source == "model")
-
-    @property
-    def num_env_tokens(self) -> int:
-        return sum(len(s.ids) for s in self.segments if s.source == "env")
-
-    def text(self, tokenizer: Any) -> str:
-        """The completion as the model saw it (special tokens kept, so turns stay visible); ``tokenizer`` is a
-        tokenizer or an :class:`EpisodeRenderer`."""
-        if isinstance(tokenizer, EpisodeRenderer):
-            return tokenizer.decode(self.completion_ids, skip_special_tokens=False)
-        return tokenizer.decode(self.completion_ids.tolist(), skip_special_tokens=False)
-
-    def stats(self, tokenizer: Any) -> dict[str, Any]:
-        """The per-episode statistics (:data:`EPISODE_STAT_KEYS`) of :attr:`RolloutBatch.episodes`."""
-        return {"turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
-                "tool_time": self.tool_time, "env_time": self.env_time, "generation_time": self.generation_time,
-                "truncated": self.truncated, "reason": self.reason, "env_reward": self.env_reward,
-                "sampled_tokens": self.num_sampled_tokens, "env_tokens": self.num_env_tokens,
-                "text": self.text(tokenizer)}
-
-
-# ------------------------------------------------------------------------------------------------------ episodes
-Generate = Callable[[Tensor, "int | None"], tuple[Tensor, Tensor, bool]]
-
-
-def _env_name(env: Any) -> str:
-    return type(env).__name__
-
-
-def _check_messages(messages: Any, env: Any, what: str, roles: Sequence[str]) -> list[dict]:
-    if not isinstance(messages, (list, tuple)) or not all(
-            isinstance(m, Mapping) and m.get("role") in roles and isinstance(m.get("content"), str)
-            for m in messages):
-        raise RolloutError(f"environment {_env_name(env)}.{what} must return a list of messages "
-                           f"{{'role': one of {list(roles)}, 'content': str}}, got {messages!r:.200}.")
-    return [dict(m) for m in messages]
-
-
-def _step(env: Any, messages: list[dict], timeout: float | None) -> Any:
-    """``env.step(messages)``, or ``None`` when it has not returned within ``timeout`` seconds (it keeps running on
-    an abandoned daemon thread)."""
-    if timeout is None:
-        return env.step(messages)
-    finished, out, error = call_with_timeout(lambda: env.step(messages), timeout, "lit_llm-env-step")
-    if error is not None:  # re-raised in the episode's thread
-        raise error
-    return out if finished else None
-
-
-def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, generate: Generate,
-                max_turns: int = DEFAULT_MAX_TURNS, max_episode_tokens: int | None = None,
-                max_input_length: int | None = None, seed: int | None = None,
-                step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
-                stop: threading.Event | None = None) -> Trajectory:
-    """Run one episode of ``env`` on dataset row ``row`` and return its :class:`Trajectory` (token-in / token-out).
-
-    Loop: ``reset(row)`` -> first render; then per model turn: ``generate(trajectory so far, turn seed)`` -> the
-    sampled ids are appended as they are; the turn's decoded text (``skip_special_tokens=True``) is appended to the
-    conversation as an assistant message and ``env.step(conversation)`` answers; its new messages are appended as a
-    suffix render (:meth:`EpisodeRenderer.suffix_ids`). The episode ends when:
-
-    * the environment says ``done`` (its ``info["reason"]``, default ``"done"``; not truncated; messages returned
-      with ``done`` are not rendered: no model turn follows);
-    * ``max_turns`` model turns were sampled and the last step is not ``done`` (``"max_turns"``). The last allowed
-      turn is still stepped (it may be the final answer the environment scores), so tool calls in it *do run*:
-      their ``tool_calls`` / ``tool_errors`` / ``tool_time`` and that step's reward count in the trajectory, while
-      the step's messages (the tool results) are dropped, since no model turn follows to read them;
-    * a turn hit the generate version's ``max_new_tokens`` without a stop token (``"max_new_tokens"``; the
-      environment is not stepped: the turn has no end to append a suffix after);
-    * the completion would exceed ``max_episode_tokens`` ids (sampled + environment): a turn is cut to the budget
-      (a prefix of the sampled ids), a suffix that leaves no room for one more sampled id is dropped
-      (``"max_episode_tokens"``);
-    * the next turn's input would exceed ``max_input_length`` (``"max_context"``; the suffix is dropped);
-    * ``env.step`` did not return within ``step_timeout`` seconds (``"step_timeout"``; reward of that step 0);
-    * ``stop`` was set (another episode failed; ``"aborted"``).
-
-    So a trajectory always ends with a sampled turn. The engine's reasons set ``truncated`` (the objective's
-    ``mask_truncated_completions`` can drop such episodes). ``env.close()`` is called at the end (not after a step
-    timeout: the abandoned step may still use the environment).
-
-    Args:
-        env: an environment (``reset``, ``step``, optional ``tools`` and ``close``), used from this thread only.
-        row: the dataset row (``"prompt"`` and the other columns) passed to ``env.reset``.
-        renderer: the chat-template renders.
-        generate: ``fn(ids [L] long, seed or None) -> (sampled ids [S] long, log-probs [S] float32, truncated)``
-            (one row of the generate version).
-        max_turns: model turns at most (>= 1).
-        max_episode_tokens: completion ids at most (sampled + environment), ``None``: no budget.
-        max_input_length: longest input ``generate`` accepts (the context minus ``max_new_tokens``), ``None``: any.
-        seed: the episode's row seed (turn ``t`` samples with :func:`turn_seed`), ``None``: the global RNG.
-        step_timeout: seconds ``env.step`` may take, ``None``: no limit.
-        stop: ends the episode at its next turn when set.
-
-    Returns:
-        The :class:`Trajectory`.
-
-    Raises:
-        RolloutError: ``env.reset`` / ``env.step`` raised or returned something that is not messages / an EnvStep,
-            a non-finite reward, a first render that leaves no room to generate (the message names the
-            environment and the fix).
-        ChatTemplateError: the template cannot render the environment's messages after a turn.
-        Exception: whatever ``generate`` raised.
-    """
-    timed_out = False
-    try:
-        traj = _first_render(env, row, renderer, max_input_length)
-        prompt, length = traj.prompt_ids, traj.prompt_ids.numel()  # length: of the trajectory so far
-
-        def end(reason: str) -> None:
-            traj.truncated, traj.reason = True, reason
-
-        tools = list(getattr(env, "tools", None) or [])
-        name = _env_name(env)
-        for turn in range(max_turns):
-            if stop is not None and stop.is_set():
-                end("aborted")
-                break
-            t0 = time.perf_counter()
-            ids, lps, cut = generate(traj.full_ids if traj.segments else prompt,
-                                     None if seed is None else turn_seed(seed, turn))
-            traj.generation_time += time.perf_counter() - t0
-            ids, lps = ids.reshape(-1).long().cpu(), lps.reshape(-1).float().cpu()
-            room = None if max_episode_tokens is None else max_episode_tokens - (length - prompt.numel())
-            over = room is not None and ids.numel() > room
-            if over:
-                ids, lps = ids[:room], lps[:room]
-            traj.segments.append(Segment("model", ids, lps))
-            traj.turns += 1
-            length += ids.numel()
-            text = renderer.decode(ids)
-            traj.messages.append({"role": "assistant", "content": text})
-            if over:
-                end("max_episode_tokens")
-                break
-            if cut:
-                end("max_new_tokens")
-                break
-            t1 = time.perf_counter()
-            try:
-                step = _step(env, [dict(m) for m in traj.messages], step_timeout)
-            except Exception as e:
-                raise RolloutError(f"environment {name}.step raised {type(e).__name__}: {e} (environments report "
-                                   f"tool and model-output errors as messages; an exception is a bug of the "
-                                   f"environment)") from e
-            traj.env_time += time.perf_counter() - t1
-            if step is None:
-                timed_out = True
-                end("step_timeout")
-                break
-            _record_step(traj, step, env)
-            if step.done:
-                traj.done, traj.reason = True, str(step.info.get("reason", "done") if step.info else "done")
-                break
-            if turn == max_turns - 1:
-                end("max_turns")
-                break
-            new = _check_messages(step.messages, env, "step", _ENV_ROLES)
-            suffix = renderer.suffix_ids(new, tools)
-            if max_episode_tokens is not None and length - prompt.numel() + suffix.numel() >= max_episode_tokens:
-                end("max_episode_tokens")
-                break
-            if max_input_length is not None and length + suffix.numel() > max_input_length:
-                end("max_context")
-                break
-            traj.messages.extend(new)
-            if suffix.numel():  # a template may render nothing (Llama-2 after a turn without a new message)
-                traj.segments.append(Segment("env", suffix, torch.zeros(suffix.numel(), dtype=torch.float32)))
-            length += suffix.numel()
-    finally:
-        if not timed_out and callable(getattr(env, "close", None)):
-            env.close()
-    return traj
-
-
-def _first_render(env: Any, row: Mapping[str, Any], renderer: EpisodeRenderer,
-                  max_input_length: int | None) -> Trajectory:
-    """``env.reset(row)`` rendered: the trajectory of an episode before its first turn."""
-    name = _env_name(env)
-    try:
-        initial = env.reset(row)
-    except Exception as e:
-        raise RolloutError(f"environment {name}.reset raised {type(e).__name__}: {e}") from e
-    initial = _check_messages(initial, env, "reset", ("system", "user", "assistant", "tool"))
-    if not initial:
-        raise RolloutError(f"environment {name}.reset returned no message; return the episode's first messages.")
-    tools = list(getattr(env, "tools", None) or [])
-    messages = renderer.prompt_messages(initial, tools)
-    prompt = renderer.prompt_ids(messages, tools)
-    if prompt.numel() == 0 or (max_input_length is not None and prompt.numel() > max_input_length):
-        raise RolloutError(f"environment {name}: the first render of the row with prompt {row.get('prompt')!r:.80} "
-                           f"has {prompt.numel()} tokens, leaving no room to generate (longest input "
-                           f"{max_input_length} = the context minus max_new_tokens). Shorten the prompt or lower "
-                           f"max_new_tokens.")
-    return Trajectory(prompt_ids=prompt, messages=messages, num_prompt_messages=len(messages))
-
-
-def _record_step(traj: Trajectory, step: Any, env: Any) -> None:
-    if not all(hasattr(step, k) for k in ("messages", "reward", "done")):
-        raise RolloutError(f"environment {_env_name(env)}.step must return an EnvStep (messages, reward, done, "
-                           f"info), got {step!r:.120}.")
-    try:
-        reward = float(step.reward)
-    except (TypeError, ValueError):
-        reward = math.nan
-    if not math.isfinite(reward):
-        raise RolloutError(f"environment {_env_name(env)}.step returned the reward {step.reward!r}; rewards must be "
-                           f"finite numbers.")
-    traj.env_reward += reward
-    info = getattr(step, "info", None) or {}
-    traj.tool_calls += int(info.get("tool_calls", 0))
-    traj.tool_errors += int(info.get("tool_errors", 0))
-    traj.tool_time += float(info.get("tool_time", 0.0))
-
-
-# -------------------------------------------------------------------------------------------------------- engine
 def _positive(name: str, value: Any, *, kind: type = int, optional: bool = True, minimum: float = 1) -> None:
     if value is None and optional:
         return
@@ -671,7 +222,9 @@ class EpisodeEngine(RolloutEngine):
     def make_env(self) -> Any:
         """A fresh environment from :attr:`env_factory`, with :attr:`tool_timeout` set when it has that attribute
         and :attr:`tool_timeout` is not ``None`` (the engine's value wins; the first environment whose own value
-        differs gets a ``UserWarning`` naming both, once per engine).
+        differs gets a ``UserWarning`` naming both, once per engine), and its ``max_turns`` attribute, when it has
+        one (:attr:`lit_llm.rollouts.envs.Environment.max_turns`), set to the turns an episode really gets:
+        :attr:`max_turns`, or the environment's own value when that is smaller.
 
         Raises:
             RolloutError: the factory raised.
@@ -680,6 +233,9 @@ class EpisodeEngine(RolloutEngine):
             env = self.env_factory()
         except Exception as e:
             raise RolloutError(f"env_factory {self.env_factory!r:.80} raised {type(e).__name__}: {e}") from e
+        if hasattr(env, "max_turns"):
+            own = env.max_turns
+            env.max_turns = self.max_turns if own is None else min(int(own), self.max_turns)
         if self.tool_timeout is not None and hasattr(env, "tool_timeout"):
             own = env.tool_timeout
             if own != self.tool_timeout and not self._warned_tool_timeout:
@@ -723,16 +279,23 @@ class EpisodeEngine(RolloutEngine):
         return generate
 
     def run_episodes(self, envs: Sequence[Any], rows: Sequence[Mapping[str, Any]],
-                     seeds: Sequence[int] | None = None) -> list[Trajectory]:
+                     seeds: Sequence[int] | None = None, *, num_generations: int | None = None) -> list[Trajectory]:
         """Run episode ``i`` of ``envs[i]`` on ``rows[i]`` (seed ``seeds[i]``) for every ``i``.
 
         With :attr:`batching`, one thread per episode (at most :attr:`num_workers`), every turn through the batching
         version of the policy (``min_batch_size`` = the threads, ``batching_timeout`` = :attr:`batching_timeout`,
         ``batch_order`` = the episode index); otherwise one episode after the other with direct calls.
 
+        Args:
+            envs, rows, seeds: one entry per episode.
+            num_generations: consecutive episodes per prompt, for the error note (``None``: :attr:`num_generations`,
+                as :meth:`rollout` lays them out; the greedy evaluation runs one episode per row: 1).
+
         Raises:
             The first error of an episode (the others then end at their next turn, reason ``"aborted"``), with a
-            note naming the episode.
+            note naming the episode: ``"in episode i of n (prompt p, generation k, sample_id '...')"`` (``p = i //
+            num_generations``, ``k = i % num_generations``; ``"(prompt p, sample_id ...)"`` when
+            ``num_generations`` is 1; the sample id when the row has one).
         """
         n = len(envs)
         workers = min(self.num_workers or n, n)
@@ -769,8 +332,7 @@ class EpisodeEngine(RolloutEngine):
             results = [one(i) for i in range(n)]
         if errors:
             i, err = errors[0]
-            err.add_note(f"in episode {i} of the rollout (prompt {i // self.num_generations}, generation "
-                         f"{i % self.num_generations})")
+            err.add_note(_episode_note(i, n, rows[i], num_generations or self.num_generations))
             raise err
         return results  # type: ignore[return-value]
 
@@ -826,7 +388,7 @@ class EpisodeEngine(RolloutEngine):
         if self.reward_fn is not None:
             rep_columns = {k: [v for v in col for _ in range(g)] for k, col in columns.items()}
             if "tools" not in rep_columns:  # each episode's tool schemas (tool_call_format_reward reads them)
-                rep_columns["tools"] = [self.renderer.tool_schemas(getattr(env, "tools", None)) for env in envs]
+                rep_columns["tools"] = [tool_schemas(getattr(env, "tools", None)) for env in envs]
             fn_total, fn_rewards = self.reward_fn(
                 prompts=[t.messages[:t.num_prompt_messages] for t in trajs],
                 completions=[t.completion_messages for t in trajs],

@@ -15,12 +15,19 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from lit_llm.lightning.grpo import DEFAULT_REWARDS, GRPOModule, environment_hparam
+from lit_llm.lightning.grpo import DEFAULT_REWARDS, GRPOModule, check_environment_task, environment_hparam
 from lit_llm.lightning.grpo_data import GRPODataModule, collate_prompts
 from lit_llm.objectives.grpo import compute_advantages
 from lit_llm.rewards import resolve_reward
 from lit_llm.rollouts import EpisodeEngine, RolloutError
-from lit_llm.rollouts.envs import CalculatorEnv, EnvironmentSpecError, GuessNumberEnv, Tool
+from lit_llm.rollouts.envs import (
+    CalculatorEnv,
+    EnvironmentSpecError,
+    GuessNumberEnv,
+    Tool,
+    builtin_environment_name,
+    resolve_environment,
+)
 from lit_llm.rollouts.episodes import ENGINE_REASONS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,11 +88,25 @@ def trainer(steps: int, *callbacks, root, **kw) -> Trainer:
 def test_episode_metrics_match_the_rollouts(stops_model, tmp_path):
     """Every logged episode metric equals its definition computed here from the step's RolloutBatch.episodes."""
     seed_everything(0)
-    module = key_module(stops_model)
+    module = key_module(stops_model, log_samples_every=1, num_logged_samples=3)
     assert isinstance(module.engine, EpisodeEngine) and module.rewards is None
     seen, rec = spy_rollouts(module), Recorder()
     trainer(3, rec, root=tmp_path).fit(module, key_data(tmp_path))
     assert len(seen) == len(rec.steps) == 3
+    # the sampled-episodes table: the evaluation table's columns, the whole episode (prompt + completion)
+    with open(tmp_path / "rollout_samples.csv") as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["step", "sample_id", "prompt", "completion", "reward", "advantage", "env_reward", "turns",
+                        "tool_calls", "tool_errors", "reason"]
+    assert len(table) == 1 + 3 * 3
+    for step, rb in enumerate(seen, start=1):
+        for i, row in enumerate(table[1 + 3 * (step - 1):1 + 3 * step]):
+            e, p = rb.episodes[i], int(rb.prompt_index[i])
+            question = module.tokenizer.decode(rb.prompt_ids[p][rb.prompt_mask[p]].tolist())
+            assert row == [str(step), rb.sample_id[i], question, rb.completion[i], str(round(float(rb.reward[i]), 4)),
+                           str(round(float(rb.advantage[i]), 4)), str(round(e["env_reward"], 4)), str(e["turns"]),
+                           str(e["tool_calls"]), str(e["tool_errors"]), e["reason"]]
+            assert "<|im_start|>user\nFind the code of key " in row[2] and row[2].endswith("assistant\n")
     all_turns = set()
     for rb, m in zip(seen, rec.steps):
         eps = rb.episodes
@@ -180,8 +201,10 @@ def test_option_errors():
 
 def test_environment_columns_checked_at_setup_before_any_rollout(tmp_path):
     module = GRPOModule("tiny", environment="guess_number", num_generations=2, max_new_tokens=4)
-    dm = GRPODataModule("calculator", batch_size=2, num_train=8, num_eval=0)
-    with pytest.raises(RolloutError, match=r"GuessNumberEnv needs the column\(s\) \['secret'\].*training prompts"):
+    dm = key_data(tmp_path)  # a file of the user's whose rows lack the game's secret
+    with pytest.raises(RolloutError, match=r"GuessNumberEnv needs the column\(s\) \['secret'\], but the training "
+                                           r"prompts of GRPODataModule has only \['key', 'mode', 'prompt', "
+                                           r"'sample_id'\]"):
         trainer(1, root=tmp_path).fit(module, dm)
     assert module.engine.num_policy_calls == 0
 
@@ -191,7 +214,57 @@ def test_environment_task_without_environment_warns(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer(1, root=tmp_path).fit(module, GRPODataModule("calculator", batch_size=1, num_train=2, num_eval=0))
-    assert any("model.environment is not set" in str(w.message) for w in caught)
+    expected = ("GRPOModule: data.task='calculator' holds the prompts of the 'calculator' environment, but "
+                "model.environment is not set: they are trained as single completions. Set "
+                "--model.init_args.environment calculator for episodes.")
+    assert [str(w.message) for w in caught if "data.task=" in str(w.message)] == [expected]
+
+
+def _mismatch(name: str, task: str, other: str) -> str:
+    return (f"GRPOModule: model.environment='{name}' plays its episodes on the rows of data.task='{name}', but "
+            f"data.task='{task}': its prompts were not made for the '{name}' environment (training would run without "
+            f"an error, on the wrong task). Fix: set --data.task {name}, or --data.task null with --data.path <your "
+            f"rows> (a 'prompt' column and the environment's columns), or {other}.")
+
+
+def test_builtin_environment_with_another_builtin_task_fails_at_setup(tmp_path):
+    """environment calculator + task arithmetic has every column the calculator reads (answer), so it would train
+    silently on the wrong prompts: setup stops it before any rollout, naming both options and the fixes."""
+    module = GRPOModule("tiny", environment="calculator", num_generations=2, max_new_tokens=2)
+    dm = GRPODataModule("arithmetic", batch_size=1, num_train=2, num_eval=0)
+    expected = _mismatch("calculator", "arithmetic",
+                         "drop --model.init_args.environment for single-turn GRPO on the 'arithmetic' prompts")
+    with pytest.raises(ValueError) as e:
+        trainer(1, root=tmp_path).fit(module, dm)
+    assert str(e.value) == expected
+    assert module.engine.num_policy_calls == 0
+    # the default data module (no task, no path) is the arithmetic task too; validate checks as well
+    with pytest.raises(ValueError, match="but data.task='arithmetic'"):
+        trainer(1, root=tmp_path, limit_val_batches=None).validate(module, GRPODataModule(num_train=2, num_eval=2))
+
+
+@pytest.mark.parametrize(("environment", "task", "other"), [
+    ("guess_number", "calculator", "set --model.init_args.environment calculator for 'calculator' episodes"),
+    ("calculator", "guess_number", "set --model.init_args.environment guess_number for 'guess_number' episodes"),
+    ("calculator", "gsm8k", "drop --model.init_args.environment for single-turn GRPO on the 'gsm8k' prompts"),
+    ({"class_path": "calculator", "init_args": {"tool_timeout": 2.0}}, "arithmetic",
+     "drop --model.init_args.environment for single-turn GRPO on the 'arithmetic' prompts"),
+])
+def test_check_environment_task_errors(environment, task, other):
+    factory = resolve_environment(environment)
+    name = builtin_environment_name(factory)
+    with pytest.raises(ValueError) as e:
+        check_environment_task(factory, task)
+    assert str(e.value) == _mismatch(name, task, other)
+
+
+def test_check_environment_task_allows_matching_and_user_pairs():
+    class MyCalculator(CalculatorEnv):
+        pass
+    for env, task in [("calculator", "calculator"), ("guess_number", "guess_number"), ("calculator", None),
+                      (MyCalculator, "arithmetic"), (CapitalAfterToolEnv, "calculator")]:
+        check_environment_task(resolve_environment(env), task)  # no error
+    check_environment_task(None, "calculator")  # single-turn: the setup warning's case, not an error
 
 
 def test_greedy_episode_evaluation(even_stops_model, tmp_path):
@@ -202,7 +275,8 @@ def test_greedy_episode_evaluation(even_stops_model, tmp_path):
     trajs = []
     engine = module.eval_engine()
     run = engine.run_episodes
-    engine.run_episodes = lambda envs, rows, seeds=None: trajs.extend(run(envs, rows, seeds)) or trajs[-len(rows):]
+    engine.run_episodes = lambda envs, rows, seeds=None, **kw: (trajs.extend(run(envs, rows, seeds, **kw))
+                                                                or trajs[-len(rows):])
     assert engine.policy.generation_config.do_sample is False and engine.seed is None
     assert engine.max_turns == module.engine.max_turns == 2
     dm = key_data(tmp_path, num_eval=5, eval_batch_size=3)
@@ -217,13 +291,45 @@ def test_greedy_episode_evaluation(even_stops_model, tmp_path):
     assert float(row["eval/tool_call_format_reward"]) == 0.0  # no tool is offered: no valid call
     with open(f"{logger.log_dir}/eval_samples.csv") as f:
         samples = list(csv.DictReader(f))
+    assert list(samples[0]) == ["step", "sample_id", "prompt", "completion", "reference", "env_reward",
+                                "tool_call_format_reward", "turns", "tool_calls", "tool_errors", "reason"]
     assert [s["sample_id"] for s in samples] == [r["sample_id"] for r in dm.eval_rows[:3]]
-    for s, t in zip(samples, trajs):
-        assert s["episode"] == t.text(module.tokenizer)
-        assert (int(s["turns"]), int(s["tool_calls"]), s["reason"]) == (t.turns, t.tool_calls, t.reason)
-        assert float(s["env_reward"]) == t.env_reward
-        assert "\n<|im_start|>tool\nThe code of" in s["episode"]  # special tokens kept: the turns show
+    for s, t, r in zip(samples, trajs, dm.eval_rows):
+        assert s["prompt"] == t.prompt_text(module.tokenizer) == module.tokenizer.apply_chat_template(
+            [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=False)
+        assert s["prompt"].endswith(f"<|im_start|>user\n{r['prompt']}<|im_end|>\n<|im_start|>assistant\n")
+        assert s["completion"] == t.text(module.tokenizer)
+        assert (int(s["turns"]), int(s["tool_calls"]), int(s["tool_errors"]), s["reason"]) == (
+            t.turns, t.tool_calls, t.tool_errors, t.reason)
+        assert int(s["tool_errors"]) == (r["mode"] == "error")  # CapitalAfterToolEnv's failing lookups
+        assert float(s["env_reward"]) == round(t.env_reward, 4) and float(s["tool_call_format_reward"]) == 0.0
+        assert "\n<|im_start|>tool\nThe code of" in s["completion"]  # special tokens kept: the turns show
         assert s["reference"] == "key=" + next(r["key"] for r in dm.eval_rows if r["sample_id"] == s["sample_id"])
+
+
+class FailsOnKey(CapitalAfterToolEnv):
+    """Raises (an environment bug) on the row whose key is :attr:`bad_key`."""
+
+    bad_key = ""
+
+    def step(self, messages):
+        if self.row["key"] == self.bad_key:
+            raise RuntimeError("lookup table corrupt")
+        return super().step(messages)
+
+
+def test_greedy_episode_error_names_the_held_out_row(even_stops_model, tmp_path, monkeypatch):
+    """An environment failing in evaluation names its held-out row: one greedy episode per row, so episode i of
+    the batch is row i (not the training layout of num_generations episodes per prompt)."""
+    module = key_module(even_stops_model, environment=FailsOnKey, eval_max_new_tokens=6)
+    dm = key_data(tmp_path, num_eval=5, eval_batch_size=5)
+    dm.setup("validate")
+    batch = collate_prompts(dm.eval_rows)
+    i = 3
+    monkeypatch.setattr(FailsOnKey, "bad_key", batch["key"][i])
+    with pytest.raises(RolloutError, match="FailsOnKey.step raised RuntimeError: lookup table corrupt") as e:
+        module.greedy_episodes(batch)
+    assert e.value.__notes__[-1] == f"in episode {i} of 5 (prompt {i}, sample_id {batch['sample_id'][i]!r})"
 
 
 def test_async_rollouts_build_an_episode_engine(stops_model, tmp_path):
@@ -251,7 +357,11 @@ def test_guess_number_multi_turn_with_user_feedback(stops_model):
         if e["turns"] > 1:
             assert "<|im_start|>user\n" in rb.completion[i] and "guess" in rb.completion[i]
         assert e["env_reward"] in (0.0, 1.0) and e["turns"] <= 3
-        assert e["reason"] in ("answer", "max_turns", "max_new_tokens")
+        # the game has max_turns=3 guesses (not its own 7): it ends itself after the third, never cut by max_turns
+        assert e["reason"] in ("answer", "max_guesses", "max_new_tokens")
+        assert e["reason"] != "max_guesses" or e["turns"] == 3
+        if e["turns"] > 1:
+            assert "3 guesses left" not in rb.completion[i] and " 2 guesses left." in rb.completion[i]
 
 
 def test_resume_continues_exactly(stops_model, tmp_path):

@@ -62,8 +62,14 @@ def check_episode_run(log_dir: Path, steps: int) -> list[dict[str, str]]:
     evals = [r for r in rows if r.get("eval/env_reward")]
     assert evals and all(0 <= float(r[k]) <= 3 for r in evals for k in EVAL_METRICS)
     samples = read_csv(log_dir / "eval_samples.csv")
-    assert samples and set(samples[0]) >= {"episode", "env_reward", "turns", "tool_calls", "reason"}
-    assert read_csv(log_dir / "rollout_samples.csv")[0]["reason"]
+    # the two episode tables share their names: step, sample_id, prompt, completion, <lead>, env_reward, ..., reason
+    stats = ["turns", "tool_calls", "tool_errors", "reason"]
+    assert samples and list(samples[0])[:6] == ["step", "sample_id", "prompt", "completion", "reference",
+                                                "env_reward"] and list(samples[0])[-4:] == stats
+    rollout_samples = read_csv(log_dir / "rollout_samples.csv")
+    assert list(rollout_samples[0])[:7] == ["step", "sample_id", "prompt", "completion", "reward", "advantage",
+                                            "env_reward"] and list(rollout_samples[0])[-4:] == stats
+    assert rollout_samples[0]["reason"] and "<|im_start|>user\n" in rollout_samples[0]["prompt"]
     return samples
 
 

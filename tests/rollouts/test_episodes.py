@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from lit_llm.data.errors import ChatTemplateError
 from lit_llm.data.history import History
 from lit_llm.rollouts import EpisodeRenderer, RolloutError, run_episode
+from lit_llm.rollouts.envs import tool_schemas
 from lit_llm.rollouts.episodes import turn_seed
 
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -96,7 +97,7 @@ def test_trajectory_is_sampled_ids_plus_suffixes_and_mask_is_provenance(case, to
     seen = []
     traj = run_episode(env, {"prompt": "Guess my number."}, renderer=renderer,
                        generate=scripted_generate(replies, seen), seed=11)
-    tools_kw = {"tools": renderer.tool_schemas(env.tools)} if env.tools else {}
+    tools_kw = {"tools": tool_schemas(env.tools)} if env.tools else {}
     prompt = History.from_chats([{"role": "user", "content": "Guess my number."}]).apply_chat_template(
         tok, chat_template=template, add_generation_prompt=True, return_dict=False, **tools_kw)
     suffix_ids = [tok(s, add_special_tokens=False)["input_ids"] for s in suffixes]
@@ -376,3 +377,18 @@ def test_property_budgets_and_endings(tokenizer, lengths, feedback, budget, max_
         assert cut_last and traj.segments[-1].ids[-1] == 500
     else:
         assert traj.reason == "max_episode_tokens" and budget is not None
+
+
+def test_public_names_importable_from_episodes():
+    """The split into renderer / trajectory / loop modules keeps every public name where it was."""
+    import lit_llm.rollouts as rollouts
+    from lit_llm.rollouts import episode_loop, episode_renderer, episodes, trajectory
+
+    homes = {"EpisodeRenderer": episode_renderer, "Segment": trajectory, "Trajectory": trajectory,
+             "EPISODE_STAT_KEYS": trajectory, "run_episode": episode_loop, "turn_seed": episode_loop,
+             "DEFAULT_MAX_TURNS": episode_loop, "DEFAULT_STEP_TIMEOUT": episode_loop, "ENGINE_REASONS": episode_loop}
+    assert set(homes) < set(episodes.__all__)
+    for name, home in homes.items():
+        assert getattr(episodes, name) is getattr(home, name), name
+    for name in ("EpisodeEngine", "EpisodeRenderer", "Trajectory", "run_episode", "turn_seed"):
+        assert getattr(rollouts, name) is getattr(episodes, name)

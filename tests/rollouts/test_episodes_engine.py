@@ -13,6 +13,7 @@ from episode_doubles import ScriptedEnv, ScriptedPolicy, Step, fake_log_probs
 from lit_llm.rewards import RewardFunctions
 from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutError
 from lit_llm.rollouts.engine import row_seeds
+from lit_llm.rollouts.envs import GuessNumberEnv
 from lit_llm.rollouts.episodes import EPISODE_STAT_KEYS, turn_seed
 
 CHATML_USER = "\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
@@ -109,6 +110,8 @@ def test_rollout_batch_of_episodes(tokenizer, batching):
         assert stats["tool_time"] == pytest.approx(0.25 * (n - 1)) and stats["env_reward"] == float(g == 0)
         assert stats["sampled_tokens"] == sum(mask) and stats["env_tokens"] == len(ids) - sum(mask)
         assert stats["text"] == rb.completion[i] == tokenizer.decode(ids, skip_special_tokens=False)
+        assert stats["prompt"] == tokenizer.decode(prompt, skip_special_tokens=False)
+        assert stats["prompt"].endswith(f"<|im_start|>user\n{BATCH['prompt'][k]}<|im_end|>\n<|im_start|>assistant\n")
         assert rb.sample_id[i] == BATCH["sample_id"][k]
     assert rb.prompt_index.tolist() == [0, 0, 1, 1] and rb.group.tolist() == [0, 0, 1, 1]
     assert not rb.truncated.any() and (rb.policy_version == 4).all()
@@ -232,7 +235,8 @@ def test_a_failing_episode_stops_the_others_and_names_itself(tokenizer):
     assert not t.is_alive(), "the rollout hung"
     err = box["err"]
     assert isinstance(err, RolloutError) and "FailsOnB.step raised ValueError: broken env" in str(err)
-    assert any(n.startswith("in episode ") and "(prompt 1" in n for n in err.__notes__)
+    # prompt B's episodes are 2 and 3 of the 4 (G = 2 per prompt); either may fail first
+    assert err.__notes__[-1] in [f"in episode {2 + g} of 4 (prompt 1, generation {g}, sample_id 'b')" for g in (0, 1)]
     assert engine.num_policy_calls < 10  # prompt A's episodes did not run to their end
 
 
@@ -250,3 +254,27 @@ def test_check_columns_closes_the_environment_it_builds(tokenizer):
     given = GuessEnv()
     engine.check_columns(["answer"], env=given)
     assert given.closed is False  # a caller's environment stays open
+
+
+def test_guess_number_feedback_counts_the_engines_turns(tokenizer):
+    """max_turns=3 below GuessNumberEnv's 7 guesses: the engine hands the budget to each fresh environment, so the
+    feedback counts down from the 3 turns the episode really has and the game itself ends after the third guess."""
+    def reply(ids, seed):
+        return tokenizer("10<|im_end|>", add_special_tokens=False)["input_ids"], False
+    policy = ScriptedPolicy(reply, pad_token_id=tokenizer.pad_token_id)
+    engine = EpisodeEngine(policy, tokenizer=tokenizer, env_factory=GuessNumberEnv, num_generations=2, max_turns=3,
+                           batching=False)
+    assert engine.make_env().max_turns == 3
+    rows = {"prompt": ["Guess!"], "secret": [50], "sample_id": ["g"]}
+    rb = engine.rollout(rows, step=0)
+    for i, e in enumerate(rb.episodes):
+        assert (e["turns"], e["reason"], e["truncated"], e["env_reward"]) == (3, "max_guesses", False, 0.0)
+        feedback = [part.split("<|im_end|>")[0] for part in rb.completion[i].split("<|im_start|>user\n")[1:]]
+        assert feedback == ["Higher. 2 guesses left.", "Higher. 1 guess left."]
+    # an environment's own smaller budget is kept; one without the attribute gets none
+    class TwoTurns(GuessNumberEnv):
+        max_turns = 2
+    assert EpisodeEngine(policy, tokenizer=tokenizer, env_factory=TwoTurns, num_generations=2,
+                         max_turns=3).make_env().max_turns == 2
+    assert not hasattr(EpisodeEngine(policy, tokenizer=tokenizer, env_factory=GuessEnv, num_generations=2,
+                                     max_turns=3).make_env(), "max_turns")

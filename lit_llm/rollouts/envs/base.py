@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lit_llm.rollouts.envs.tools import Tool
 
-__all__ = ["EnvStep", "Environment", "EnvironmentSpecError", "builtin_environments", "call_with_timeout",
-           "prompt_messages", "resolve_environment"]
+__all__ = ["EnvStep", "Environment", "EnvironmentSpecError", "builtin_environment_name", "builtin_environments",
+           "call_with_timeout", "prompt_messages", "resolve_environment"]
 
 
 class EnvironmentSpecError(ValueError):
@@ -95,10 +95,15 @@ class Environment:
             chat template's ``tools=`` (their schemas) or described in a system message.
         required_columns: dataset columns :meth:`reset` / the environment needs (checked at setup with a clear
             error).
+        max_turns: the model turns the episode may have, ``None`` when unknown. The episode engine sets it on each
+            fresh instance to its own ``max_turns`` (the smaller of the two when the instance already has a value),
+            so an environment that tells the model how many turns are left (:class:`~lit_llm.rollouts.envs.
+            GuessNumberEnv`) tells the truth.
     """
 
     tools: list[Tool] = []  # a read-only default: subclasses assign their own list
     required_columns: tuple[str, ...] = ()
+    max_turns: int | None = None
 
     def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The initial messages of the episode of dataset row ``row`` (a dict with ``"prompt"`` and the dataset's
@@ -126,6 +131,16 @@ def builtin_environments() -> dict[str, type[Environment]]:
     from lit_llm.rollouts.envs.guess_number import GuessNumberEnv
 
     return {"calculator": CalculatorEnv, "guess_number": GuessNumberEnv}
+
+
+def builtin_environment_name(factory: Any) -> str | None:
+    """The built-in name of the environment ``factory`` builds: ``"calculator"`` for
+    :class:`~lit_llm.rollouts.envs.CalculatorEnv` itself or a ``functools.partial`` of it (what
+    :func:`resolve_environment` returns for a name, a class or a ``{class_path, init_args}`` dict), ``None`` for
+    anything else (subclasses and user environments included)."""
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    return next((name for name, cls in builtin_environments().items() if factory is cls), None)
 
 
 _DICT_HINT = "{'class_path': 'pkg.module:MyEnv', 'init_args': {...}}"

@@ -24,7 +24,8 @@ from typing import Any
 
 from lit_llm.rewards import last_number, normalize_number
 from lit_llm.rollouts.envs.base import prompt_messages
-from lit_llm.rollouts.envs.tools import ToolCall, ToolEnv, prompt_with_tools
+from lit_llm.rollouts.envs.tool_env import ToolEnv
+from lit_llm.rollouts.envs.tools import ToolCall, prompt_with_tools
 
 __all__ = ["ANSWER_TEMPLATE", "DEFAULT_TEMPLATE", "MAX_DIGITS", "MAX_EXPONENT", "MAX_EXPRESSION_CHARS", "CalculatorEnv",
            "calculator", "evaluate_expression", "format_number", "split_of"]
@@ -162,7 +163,7 @@ class CalculatorEnv(ToolEnv):
     Each turn with ``<tool_call>`` blocks gets the calculator's results as tool messages; the first turn without a
     call is the final answer: reward 1.0 when its last number (:func:`lit_llm.rewards.last_number`, so
     ``"2,016,764"`` and ``"2016764.0"`` count) equals the row's ``answer``, else 0.0. Tool errors follow
-    :class:`~lit_llm.rollouts.envs.tools.ToolEnv`'s options (keyword arguments of the constructor).
+    :class:`~lit_llm.rollouts.envs.tool_env.ToolEnv`'s options (keyword arguments of the constructor).
 
     Row columns: ``prompt`` (messages), ``answer`` (the exact result as text), ``expression`` and ``sample_id``
     (:meth:`make_rows`).

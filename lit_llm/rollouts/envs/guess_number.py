@@ -1,7 +1,8 @@
 """Guess the number: a multi-turn game with feedback every turn. The secret is a whole number in ``[1, max_value]``
 (from the dataset row); the model replies with a guess each turn (the last number of its reply) and the user answers
 ``"Higher."`` or ``"Lower."``; the episode ends at the right guess (reward ``turn_decay ** (guesses - 1)``, 1.0 by
-default) or after ``max_guesses`` guesses (reward 0.0).
+default) or after the last guess of its budget (reward 0.0): ``max_guesses``, or the episode's ``max_turns`` when that
+is smaller, so the "N guesses left" it tells the model is true.
 
 Rows (:meth:`GuessNumberEnv.make_rows`) are seeded and need no download. Train and eval are disjoint by secret: a
 secret ``s`` of range ``max_value`` belongs to the ``"eval"`` split when the SHA-1 of ``"<max_value>:<s>"`` is 0
@@ -38,6 +39,11 @@ class GuessNumberEnv(Environment):
     is ``{"role": "user", "content": "Higher. 3 guesses left."}`` (or ``"Lower. ..."``; ``"1 guess left"``).
     ``EnvStep.info``: ``guesses`` (so far) and, at the end, ``reason``: ``"answer"`` (guessed) or ``"max_guesses"``.
 
+    The guesses a game really has are :attr:`budget`: ``max_guesses``, or the episode's ``max_turns`` when that is
+    smaller (the episode engine sets :attr:`~lit_llm.rollouts.envs.Environment.max_turns`, one guess per model
+    turn), so "N guesses left" never promises a guess the episode will not get; the game ends (``"max_guesses"``)
+    after the last one.
+
     Row columns: ``prompt``, ``secret`` (int), optional ``max_value`` (default 100), ``sample_id``.
 
     Raises:
@@ -57,6 +63,11 @@ class GuessNumberEnv(Environment):
         self.guesses = 0
         self.secret: int | None = None
         self.max_value = 100
+
+    @property
+    def budget(self) -> int:
+        """Guesses of this game: ``min(max_guesses, max_turns)`` (``max_guesses`` when ``max_turns`` is ``None``)."""
+        return self.max_guesses if self.max_turns is None else min(self.max_guesses, int(self.max_turns))
 
     def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Read ``secret`` (and ``max_value``) from the row; return its prompt messages."""
@@ -84,7 +95,7 @@ class GuessNumberEnv(Environment):
         if guess == self.secret:
             reward = self.turn_decay ** (self.guesses - 1)
             return EnvStep([], reward=reward, done=True, info={**info, "reason": "answer"})
-        left = self.max_guesses - self.guesses
+        left = self.budget - self.guesses
         if left <= 0:
             return EnvStep([], reward=0.0, done=True, info={**info, "reason": "max_guesses"})
         if guess is None:

@@ -5,11 +5,12 @@ system prompt that describes tools to templates without ``tools=``, and :class:`
   templates take as ``tools=``). Calling it (:meth:`Tool.__call__`) validates the arguments against the schema and
   runs the function in a daemon worker thread with a timeout; it never raises for bad arguments, an exception of the
   function or a timeout: the :class:`ToolResult` carries the error text that becomes the tool message.
-* :func:`parse_tool_calls` reads the Hermes / Qwen format ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-  (``"parameters"`` accepted as Llama-3.1 writes it, and a bare JSON call without tags as Llama-3.1 emits it), or,
-  given a tokenizer with a ``response_template`` (transformers >= 5), ``tokenizer.parse_response``.
-* :class:`ToolEnv` runs the calls of each assistant turn and ends the episode at the first turn without a call (the
-  final answer, scored by the subclass's :meth:`ToolEnv.score`).
+* the pure parts live in the data layer (:mod:`lit_llm.data.tool_calls`, where the reward functions read them too)
+  and are re-exported here: :func:`parse_tool_calls` (the Hermes / Qwen ``<tool_call>{"name": ..., "arguments":
+  {...}}</tool_call>`` format, Llama-3.1's, or ``tokenizer.parse_response``), :class:`ToolCall`,
+  :class:`ToolCallParseError`, :func:`validate_arguments`, :func:`tool_schemas`.
+* :class:`~lit_llm.rollouts.envs.tool_env.ToolEnv` (its own module) runs the calls of each assistant turn and ends
+  the episode at the first turn without a call (the final answer, scored by the subclass's ``score``).
 
 The message format follows transformers' chat templates (and TorchRL's ``ChatEnv`` tool transforms): a tool result is
 ``{"role": "tool", "name": <tool name>, "content": <text>}``.
@@ -19,56 +20,26 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from lit_llm.rollouts.envs.base import Environment, EnvStep, _last_assistant, call_with_timeout, prompt_messages
+from lit_llm.data.tool_calls import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    ToolCall,
+    ToolCallParseError,
+    function_schema,
+    parse_tool_calls,
+    tool_schemas,
+    validate_arguments,
+)
+from lit_llm.rollouts.envs.base import call_with_timeout
 
-__all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "Tool", "ToolCall", "ToolCallParseError", "ToolEnv", "ToolResult",
-           "parse_tool_calls", "prompt_with_tools", "template_supports_tools", "tools_system_prompt",
+__all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "Tool", "ToolCall", "ToolCallParseError", "ToolResult",
+           "parse_tool_calls", "prompt_with_tools", "template_supports_tools", "tool_schemas", "tools_system_prompt",
            "validate_arguments"]
-
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-_JSON_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float),
-                                            "boolean": (bool,), "array": (list, tuple), "object": (dict,),
-                                            "null": (type(None),)}
-
-
-class ToolCallParseError(ValueError):
-    """The tool-call markup of a model turn could not be read (bad JSON, no ``name``, unclosed tags...).
-
-    Attributes:
-        reason: what was wrong, in words a model can act on (it becomes the tool message's text).
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass
-class ToolCall:
-    """One call parsed from a model turn.
-
-    Attributes:
-        name: the tool's name (the ``name`` of its schema).
-        arguments: the arguments, a JSON object (``{}`` when the call gave none).
-    """
-
-    name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
-
-    def to_text(self) -> str:
-        """The call in the Hermes / Qwen markup :func:`parse_tool_calls` reads (and Qwen-style templates render):
-        ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (for scripted policies and SFT traces)."""
-        body = json.dumps({"name": self.name, "arguments": self.arguments}, ensure_ascii=False)
-        return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
-
 
 @dataclass
 class ToolResult:
@@ -108,84 +79,6 @@ def _result_text(value: Any) -> str:
         return str(value)
 
 
-def _type_ok(value: Any, schema: Mapping[str, Any]) -> bool:
-    """Whether ``value`` has one of the JSON types of ``schema`` (bools are not numbers; arrays' items checked)."""
-    types = schema.get("type")
-    if types is None:
-        return True  # no type (an untyped or Any parameter): anything goes
-    types = [types] if isinstance(types, str) else list(types)
-    if schema.get("nullable"):
-        types.append("null")
-    for t in types:
-        py = _JSON_TYPES.get(t)
-        if py is None:
-            return True  # a type this check does not know: do not refuse
-        if isinstance(value, bool) and t in ("integer", "number"):
-            continue
-        if t == "number" and isinstance(value, float) and not math.isfinite(value):
-            continue
-        if isinstance(value, py):
-            items = schema.get("items")
-            if t == "array" and isinstance(items, Mapping) and not all(_type_ok(v, items) for v in value):
-                continue
-            return True
-    return False
-
-
-def _type_name(schema: Mapping[str, Any]) -> str:
-    t = schema.get("type", "any")
-    name = t if isinstance(t, str) else " or ".join(t)
-    items = schema.get("items")
-    if name == "array" and isinstance(items, Mapping) and "type" in items:
-        name = f"array of {_type_name(items)}"
-    return name + (" or null" if schema.get("nullable") else "")
-
-
-def validate_arguments(schema: Mapping[str, Any], arguments: Any) -> str | None:
-    """Check a call's ``arguments`` against a tool's JSON schema (what :meth:`Tool.validate` does, for a schema
-    without its function, e.g. one read from a dataset): a JSON object, every required argument present, no unknown
-    argument, each value of its JSON type (``integer``: an int, not a bool; ``number``: a finite int or float;
-    arrays' item types; ``nullable`` allows ``null``; an ``enum`` is enforced).
-
-    Args:
-        schema: ``{"type": "function", "function": {"name", "parameters"}}`` (transformers' format) or the bare
-            ``{"name", "parameters"}`` function object; no ``parameters``: a tool without arguments.
-        arguments: the call's arguments.
-
-    Returns:
-        ``None`` when they fit, else the error text (naming the argument, the expected type and the tool's
-        signature).
-
-    Raises:
-        ValueError: ``schema`` has no ``name`` (not a tool schema).
-    """
-    function = schema.get("function", schema) if isinstance(schema, Mapping) else None
-    name = function.get("name") if isinstance(function, Mapping) else None
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"validate_arguments: not a tool schema (no function name): {schema!r:.200}. Expected "
-                         f"{{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}.")
-    params = function.get("parameters") or {"type": "object", "properties": {}}
-    props: Mapping[str, Any] = params.get("properties", {}) or {}
-    signature = ", ".join(f"{k}: {_type_name(v)}" for k, v in props.items())
-    usage = f" {name} takes ({signature})."
-    if not isinstance(arguments, Mapping):
-        got = json.dumps(arguments, default=str)
-        return f"Error: the arguments of {name} must be a JSON object, got {got}." + usage
-    problems = []
-    missing = [k for k in params.get("required", []) if k not in arguments]
-    if missing:
-        problems.append(f"missing required argument(s) {', '.join(missing)}")
-    unknown = [k for k in arguments if k not in props]
-    if unknown:
-        problems.append(f"unknown argument(s) {', '.join(map(str, unknown))}")
-    for k, v in arguments.items():
-        if k in props and not _type_ok(v, props[k]):
-            problems.append(f"argument {k} must be {_type_name(props[k])}, got {json.dumps(v, default=str)}")
-        elif k in props and "enum" in props[k] and v not in props[k]["enum"]:
-            problems.append(f"argument {k} must be one of {json.dumps(props[k]['enum'])}, got {json.dumps(v)}")
-    return f"Error: bad arguments for {name}: {'; '.join(problems)}." + usage if problems else None
-
-
 class Tool:
     """A Python callable offered to the model as a tool.
 
@@ -212,18 +105,7 @@ class Tool:
             fn = fn.fn
         if not callable(fn):
             raise TypeError(f"Tool: expected a Python callable, got {type(fn).__name__} {fn!r:.80}.")
-        from transformers.utils import get_json_schema
-
-        try:
-            self.schema: dict[str, Any] = get_json_schema(fn)
-        except Exception as e:  # DocstringParsingException / TypeHintParsingException (plain Exceptions)
-            name = getattr(fn, "__name__", type(fn).__name__)
-            raise ValueError(
-                f"Tool {name!r}: cannot build its JSON schema ({type(e).__name__}: {e}). A tool needs a type hint on "
-                f"every parameter and a Google-style docstring with a description and an 'Args:' section naming "
-                f"each parameter, e.g.\n    def {name}(expression: str) -> str:\n        \"\"\"Evaluate an "
-                f"arithmetic expression.\n\n        Args:\n            expression: the expression, e.g. '3 * 4'.\n"
-                f"        \"\"\"") from e
+        self.schema: dict[str, Any] = function_schema(fn)
         if timeout is not None and not timeout > 0:
             raise ValueError(f"Tool {self.schema['function']['name']!r}: timeout must be > 0 seconds or None, got "
                              f"{timeout!r}.")
@@ -293,136 +175,6 @@ def _as_tools(tools: Sequence[Tool | Callable[..., Any]]) -> list[Tool]:
     return [_as_tool(t) for t in tools]
 
 
-def _schemas(tools: Sequence[Tool | Callable[..., Any] | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [dict(t) if isinstance(t, Mapping) else _as_tool(t).schema for t in tools]
-
-
-# ---------------------------------------------------------------------- parsing
-def _calls_from_json(obj: Any, where: str, *, top: bool = True) -> list[ToolCall]:
-    """``{"name": str, "arguments" | "parameters": object | JSON string}`` (or, at the top, a list of them) -> calls."""
-    if isinstance(obj, list) and top:
-        if not obj:
-            raise ToolCallParseError(f"{where} is an empty list; give one object per call.")
-        return [c for i, o in enumerate(obj) for c in _calls_from_json(o, f"{where}, item {i}", top=False)]
-    expected = 'a JSON object {"name": <tool name>, "arguments": {<argument>: <value>, ...}}'
-    if not isinstance(obj, dict):
-        raise ToolCallParseError(f"{where} must be {expected}, got {json.dumps(obj)[:100]}.")
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        raise ToolCallParseError(f"{where} has no \"name\" string; it must be {expected}.")
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):  # OpenAI style: the arguments as a JSON string
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            raise ToolCallParseError(f"{where}: the \"arguments\" string is not JSON ({e.msg}).") from e
-    if args is None:
-        args = {}
-    if not isinstance(args, dict):
-        raise ToolCallParseError(f"{where}: \"arguments\" must be a JSON object, got {json.dumps(args)[:100]}.")
-    return [ToolCall(name, args)]
-
-
-_FENCE = re.compile(r"```(?:json)?\s*")
-
-
-def _skip_space(text: str, i: int) -> int:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    return i
-
-
-def _parse_markup(text: str) -> list[ToolCall]:
-    decoder = json.JSONDecoder()
-    calls: list[ToolCall] = []
-    pos, k = 0, 0
-    while (start := text.find(TOOL_CALL_OPEN, pos)) >= 0:
-        where = f"tool call {k}" if k else "the tool call"
-        i = _skip_space(text, start + len(TOOL_CALL_OPEN))
-        fence = _FENCE.match(text, i)
-        i = fence.end() if fence else i
-        try:
-            obj, end = decoder.raw_decode(text, i)
-        except json.JSONDecodeError as e:
-            body = text[i:text.find(TOOL_CALL_CLOSE, i)] if TOOL_CALL_CLOSE in text[i:] else text[i:]
-            raise ToolCallParseError(f"{where} is not valid JSON ({e.msg} at character {e.pos - i}): "
-                                     f"{body.strip()[:120]!r}. Write {TOOL_CALL_OPEN}{{\"name\": ..., "
-                                     f"\"arguments\": {{...}}}}{TOOL_CALL_CLOSE}.") from e
-        end = _skip_space(text, end)
-        if fence and text.startswith("```", end):
-            end = _skip_space(text, end + 3)
-        if text.startswith(TOOL_CALL_CLOSE, end):
-            end += len(TOOL_CALL_CLOSE)
-        elif end < len(text):  # an unclosed call at the very end (a stop string cut the tag) is accepted
-            raise ToolCallParseError(f"{where}: expected {TOOL_CALL_CLOSE} after its JSON, got "
-                                     f"{text[end:end + 40]!r}.")
-        calls.extend(_calls_from_json(obj, where))
-        pos, k = end, k + 1
-    if not calls and TOOL_CALL_CLOSE in text:
-        raise ToolCallParseError(f"{TOOL_CALL_CLOSE} without an opening {TOOL_CALL_OPEN}.")
-    if not calls:  # Llama-3.1: a bare JSON call {"name": ..., "parameters": {...}} as the whole turn
-        stripped = text.strip()
-        if stripped.startswith("{") and stripped.endswith("}"):
-            try:
-                obj = json.loads(stripped)
-            except json.JSONDecodeError:
-                return []
-            if isinstance(obj, dict) and isinstance(obj.get("name"), str) and ("parameters" in obj
-                                                                                or "arguments" in obj):
-                return _calls_from_json(obj, "the tool call")
-    return calls
-
-
-def parse_tool_calls(text: str, *, tokenizer: Any = None,
-                     tools: Sequence[Tool | Callable[..., Any] | Mapping[str, Any]] | None = None) -> list[ToolCall]:
-    """The tool calls of a model turn.
-
-    Without a response template: every ``<tool_call> JSON </tool_call>`` block in order (the Hermes / Qwen format;
-    the JSON is ``{"name": ..., "arguments": {...}}``, ``"parameters"`` also read (Llama-3.1), ``"arguments"`` may
-    be a JSON string (OpenAI), a block may hold a list of calls, a Markdown code fence inside a block is skipped, and
-    the last block may be unclosed when the text ends right after its JSON (a stop string cut the closing tag)).
-    Without any tag, a turn that is exactly a JSON call with ``"name"`` and ``"parameters"`` / ``"arguments"`` (what
-    Llama-3.1 emits) is a call. Text outside the blocks is ignored.
-
-    With ``tokenizer`` whose ``response_template`` is set (transformers >= 5): ``tokenizer.parse_response(text,
-    prefix="", tools=...)``'s ``tool_calls`` (arguments cast by the tools' schemas when ``tools`` are given).
-
-    Args:
-        text: the assistant turn's text (decoded with ``skip_special_tokens=True``).
-        tokenizer: optional; used only when it defines a ``response_template``.
-        tools: optional tools / schemas, passed to ``parse_response`` for argument casting.
-
-    Returns:
-        The calls, in order; ``[]`` when the turn has no call (the final answer).
-
-    Raises:
-        ToolCallParseError: call markup that cannot be read (invalid JSON, no ``"name"``, non-object arguments,
-            text between the JSON and the closing tag, a closing tag without an opening one, or a
-            ``parse_response`` failure); its ``reason`` is meant for the model.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"parse_tool_calls: text must be a str, got {type(text).__name__}.")
-    try:
-        return _parse(text, tokenizer, tools)
-    except RecursionError:  # JSON nested deeper than the interpreter's recursion limit
-        raise ToolCallParseError("the tool call's JSON is nested too deeply.") from None
-
-
-def _parse(text: str, tokenizer: Any, tools: Sequence[Any] | None) -> list[ToolCall]:
-    if tokenizer is not None and getattr(tokenizer, "response_template", None) is not None:
-        try:
-            message = tokenizer.parse_response(text, prefix="", tools=_schemas(tools) if tools else None)
-        except Exception as e:  # the parser's ValueError for bad JSON, or anything else it raises on model text
-            raise ToolCallParseError(f"the tool call could not be parsed: {e}") from e
-        calls = (message.get("tool_calls") or []) if isinstance(message, Mapping) else []
-        out = []
-        for i, call in enumerate(calls):
-            fn = call.get("function", call) if isinstance(call, Mapping) else call
-            out.extend(_calls_from_json(fn, f"tool call {i}"))
-        return out
-    return _parse_markup(text)
-
-
 # ---------------------------------------------------------------------- prompts and templates
 def tools_system_prompt(tools: Sequence[Tool | Callable[..., Any] | Mapping[str, Any]]) -> str:
     """The system-prompt text describing ``tools`` and the ``<tool_call>`` format (Qwen2.5's wording), for chat
@@ -437,7 +189,7 @@ def tools_system_prompt(tools: Sequence[Tool | Callable[..., Any] | Mapping[str,
     Raises:
         ValueError: ``tools`` is empty, or a callable has no schema (see :class:`Tool`).
     """
-    schemas = _schemas(tools)
+    schemas = tool_schemas(tools)
     if not schemas:
         raise ValueError("tools_system_prompt: no tools given; an environment without tools needs no tool prompt.")
     lines = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
@@ -483,7 +235,7 @@ def prompt_with_tools(messages: Sequence[Mapping[str, Any]],
     if not tools:
         return out, None
     if template_takes_tools:
-        return out, _schemas(tools)
+        return out, tool_schemas(tools)
     text = (describe or tools_system_prompt)(list(tools))
     if out and out[0].get("role") == "system":
         own = out[0]["content"]
@@ -520,153 +272,3 @@ def template_supports_tools(tokenizer: Any, chat_template: str | None = None, **
         text, name = _resolve_template(tokenizer, chat_template, tools)
         renders.append(_Renderer(tokenizer, text, name, {**template_kwargs, "tools": tools}).render(messages, True))
     return renders[0] != renders[1]
-
-
-# ---------------------------------------------------------------------- the tool-task base
-OnToolError = Literal["continue", "end"]
-_REASONS = {"timeout": "tool_timeout", "parse_error": "parse_error"}
-
-
-class ToolEnv(Environment):
-    """Base of tool-using tasks: each assistant turn either calls tools (their results are the next messages) or is
-    the final answer (scored by :meth:`score`, which ends the episode).
-
-    Subclasses set :attr:`tools` (:class:`Tool` objects or plain callables, wrapped on first use) and implement
-    :meth:`score`, and :meth:`reset` when the initial messages are not just the row's ``prompt`` (the default). The
-    row given to :meth:`reset` is kept for :meth:`score` (a subclass's ``reset`` is wrapped to keep it too).
-
-    Args:
-        tool_timeout: seconds each call may run before it is abandoned (a timeout is a tool error). The episode
-            engine may overwrite the attribute on each fresh instance with its own ``tool_timeout``.
-        on_tool_error: ``"continue"``: the error text is the tool message and the episode goes on; ``"end"``: the
-            episode ends at the first failing call of a turn (later calls of that turn are not run).
-        tool_error_penalty: subtracted from the step's reward once per failing call (``"continue"``) or once
-            (``"end"``); ``>= 0``.
-        max_calls_per_turn: calls run per turn; the rest are refused with one error message, each refused call
-            counted as a call and an error (and penalized as a failing call).
-
-    Attributes:
-        tokenizer: ``None``, or a tokenizer whose ``response_template`` :func:`parse_tool_calls` uses (the engine
-            may set it).
-
-    ``EnvStep.info`` of a turn with calls: ``tool_calls`` (calls made, refused ones included; an unparseable turn
-    counts 1; with ``on_tool_error="end"`` the calls after the first failing one are not run nor counted),
-    ``tool_errors``, ``tool_time`` (seconds), ``tool_results`` (the :class:`ToolResult` list) and, when the episode
-    ends, ``reason``: ``"answer"`` (a turn without calls), ``"tool_error"``, ``"tool_timeout"`` or ``"parse_error"``.
-
-    Raises:
-        ValueError: a bad option (named).
-    """
-
-    tool_timeout: float = 10.0
-    on_tool_error: OnToolError = "continue"
-    tool_error_penalty: float = 0.0
-    max_calls_per_turn: int = 8
-    tokenizer: Any = None
-
-    def __init__(self, *, tool_timeout: float = 10.0, on_tool_error: OnToolError = "continue",
-                 tool_error_penalty: float = 0.0, max_calls_per_turn: int = 8) -> None:
-        name = type(self).__name__
-        if isinstance(tool_timeout, bool) or not (isinstance(tool_timeout, int | float) and tool_timeout > 0):
-            raise ValueError(f"{name}: tool_timeout must be > 0 seconds, got {tool_timeout!r}.")
-        if on_tool_error not in ("continue", "end"):
-            raise ValueError(f"{name}: on_tool_error must be 'continue' or 'end', got {on_tool_error!r}.")
-        if isinstance(tool_error_penalty, bool) or not (isinstance(tool_error_penalty, int | float)
-                                                        and math.isfinite(tool_error_penalty)
-                                                        and tool_error_penalty >= 0):
-            raise ValueError(f"{name}: tool_error_penalty must be a finite number >= 0 (it is subtracted), got "
-                             f"{tool_error_penalty!r}.")
-        if isinstance(max_calls_per_turn, bool) or not isinstance(max_calls_per_turn, int) or max_calls_per_turn < 1:
-            raise ValueError(f"{name}: max_calls_per_turn must be an integer >= 1, got {max_calls_per_turn!r}.")
-        self.tool_timeout = float(tool_timeout)
-        self.on_tool_error = on_tool_error
-        self.tool_error_penalty = float(tool_error_penalty)
-        self.max_calls_per_turn = max_calls_per_turn
-        self.tools = _as_tools(self.tools)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("reset")
-        if own is not None and not getattr(own, "_keeps_row", False):
-            @functools.wraps(own)
-            def reset(self: ToolEnv, row: Mapping[str, Any]) -> list[dict[str, Any]]:
-                self._row = row
-                return own(self, row)
-
-            reset._keeps_row = True  # type: ignore[attr-defined]
-            cls.reset = reset  # type: ignore[method-assign]
-
-    def reset(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Keep ``row`` and return its prompt as messages (:func:`~lit_llm.rollouts.envs.base.prompt_messages`)."""
-        self._row = row
-        return prompt_messages(row)
-
-    reset._keeps_row = True  # type: ignore[attr-defined]
-
-    def score(self, answer: str, row: Mapping[str, Any]) -> float:
-        """The reward of the final answer ``answer`` (the last assistant turn's text) for dataset row ``row``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement score(answer, row) -> float.")
-
-    @property
-    def row(self) -> Mapping[str, Any]:
-        """The dataset row of the episode (the one :meth:`reset` got).
-
-        Raises:
-            ValueError: :meth:`reset` was not called.
-        """
-        try:
-            return self._row
-        except AttributeError:
-            raise ValueError(f"{type(self).__name__}: step() before reset(row); the episode engine calls reset "
-                             f"first.") from None
-
-    def step(self, messages: list[dict[str, Any]]) -> EnvStep:
-        """Run the tool calls of the last assistant turn, or score it as the final answer when it has none.
-
-        Raises:
-            ValueError: ``messages`` does not end with an assistant message with ``str`` content, or :meth:`reset`
-                was not called (programming errors, never model output).
-        """
-        text = _last_assistant(messages)
-        row = self.row
-        tools = self._tools()
-        try:
-            calls = parse_tool_calls(text, tokenizer=self.tokenizer, tools=tools)
-        except ToolCallParseError as e:
-            return self._reply([ToolResult("invalid_tool_call", f"Error: {e.reason}", error="parse_error")], 1)
-        if not calls:
-            return EnvStep([], reward=float(self.score(text, row)), done=True, info={"reason": "answer"})
-        by_name = {t.name: t for t in tools}
-        results: list[ToolResult] = []
-        for call in calls[:self.max_calls_per_turn]:
-            tool = by_name.get(call.name)
-            if tool is None:
-                result = ToolResult(call.name, f"Error: unknown tool {call.name!r}; the tools are "
-                                               f"{sorted(by_name) or 'none'}.", error="unknown_tool")
-            else:
-                result = tool(call.arguments, timeout=self.tool_timeout)
-            results.append(result)
-            if not result.ok and self.on_tool_error == "end":
-                return self._reply(results, len(results))
-        refused = max(len(calls) - self.max_calls_per_turn, 0)
-        if refused:
-            results.append(ToolResult("too_many_tool_calls", f"Error: {len(calls)} tool calls in one turn; only the "
-                                      f"first {self.max_calls_per_turn} were run.", error="too_many_calls"))
-        return self._reply(results, len(calls), refused=refused)
-
-    def _tools(self) -> list[Tool]:
-        if not all(isinstance(t, Tool) for t in self.tools):
-            self.tools = _as_tools(self.tools)
-        return list(self.tools)
-
-    def _reply(self, results: list[ToolResult], attempted: int, *, refused: int = 0) -> EnvStep:
-        """``refused`` calls (past ``max_calls_per_turn``, one message in ``results``) count as that many calls in
-        ``attempted`` and as that many errors, so ``0 <= tool_errors <= tool_calls``."""
-        failed = [r for r in results if not r.ok]
-        errors = len(failed) - (1 if refused else 0) + refused
-        info: dict[str, Any] = {"tool_calls": attempted, "tool_errors": errors,
-                                "tool_time": sum(r.elapsed for r in results), "tool_results": results}
-        if failed and self.on_tool_error == "end":
-            info["reason"] = _REASONS.get(failed[0].error or "", "tool_error")
-            return EnvStep([], reward=0.0 - self.tool_error_penalty, done=True, info=info)
-        return EnvStep([r.message for r in results], reward=0.0 - self.tool_error_penalty * errors, info=info)

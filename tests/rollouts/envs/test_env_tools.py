@@ -1,5 +1,5 @@
-"""Tools: schemas, argument validation, calls in a worker thread with a timeout, the <tool_call> parser (and
-transformers' parse_response path), the tools system prompt, and which shared chat templates render tools=."""
+"""Tools: schemas, argument validation, calls in a worker thread with a timeout, the tools system prompt, and which
+shared chat templates render tools=. The <tool_call> parser's tests are in tests/data/test_tool_calls.py."""
 
 from __future__ import annotations
 
@@ -8,16 +8,13 @@ import threading
 import time
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from lit_llm.rollouts.envs import (
     Tool,
     ToolCall,
-    ToolCallParseError,
     ToolResult,
-    parse_tool_calls,
     template_supports_tools,
+    tool_schemas,
     tools_system_prompt,
 )
 
@@ -54,6 +51,35 @@ def test_tool_schema_is_transformers_get_json_schema():
                                "properties": {"a": {"type": "integer", "description": "the first integer."},
                                               "b": {"type": "integer", "description": "the second integer."}}}
     assert Tool(tool).schema == tool.schema  # a Tool wraps its function again
+
+
+def test_tool_schemas_of_every_kind_of_tool():
+    """One conversion for templates, the tools column and the prompt: dicts copied, Tools' and duck-typed tools'
+    schemas, plain functions through Tool; None / [] give []; anything else names its index."""
+    from transformers.utils import get_json_schema
+
+    schema = get_json_schema(add)
+
+    class OwnTool:  # an environment's own tool class with a schema attribute
+        schema = {"type": "function", "function": {"name": "own", "parameters": {}}}
+
+    given_dict = {"type": "function", "function": {"name": "d"}}
+    out = tool_schemas([given_dict, Tool(add), OwnTool(), describe])
+    assert out == [given_dict, schema, OwnTool.schema, get_json_schema(describe)]
+    out[0]["extra"] = 1
+    out[1]["extra"] = 1
+    assert "extra" not in given_dict and "extra" not in Tool(add).schema  # copies
+    assert tool_schemas(None) == tool_schemas([]) == []
+    with pytest.raises(ValueError) as e:
+        tool_schemas([add, 42])
+    assert str(e.value) == ("tool 1 is int 42: give a Tool, a JSON-schema dict {'type': 'function', 'function': "
+                            "{'name': ..., 'parameters': {...}}} or a function with type hints and a Google-style "
+                            "docstring.")
+
+    def bare(x: int) -> int:
+        return x
+    with pytest.raises(ValueError, match=r"Tool 'bare': cannot build its JSON schema"):
+        tool_schemas([bare])
 
 
 def test_tool_without_docstring_or_hint_is_a_clear_error():
@@ -150,107 +176,6 @@ def test_hanging_tool_is_abandoned_after_its_timeout():
         assert Tool(hang, timeout=10)({"x": 1}, timeout=0.02).error == "timeout"
     finally:
         release.set()
-
-
-# ---------------------------------------------------------------------- parse_tool_calls
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("The answer is 42.", []),
-        ('Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "3*4"}}\n</tool_call>',
-         [ToolCall("calculator", {"expression": "3*4"})]),
-        ('<tool_call>{"name": "a", "arguments": {}}</tool_call> and <tool_call>{"name": "b", "parameters": '
-         '{"k": [1, 2]}}</tool_call>', [ToolCall("a", {}), ToolCall("b", {"k": [1, 2]})]),
-        ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>', [ToolCall("a", {"x": 1})]),
-        ('<tool_call>[{"name": "a", "arguments": {"x": 1}}, {"name": "b"}]</tool_call>',
-         [ToolCall("a", {"x": 1}), ToolCall("b", {})]),
-        ('<tool_call>\n```json\n{"name": "a", "arguments": {"x": 1}}\n```\n</tool_call>', [ToolCall("a", {"x": 1})]),
-        ('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n', [ToolCall("a", {"x": 1})]),  # closing tag cut
-        ('<tool_call>{"name": "a", "arguments": {"s": "</tool_call>"}}</tool_call>',
-         [ToolCall("a", {"s": "</tool_call>"})]),
-        ('{"name": "calculator", "parameters": {"expression": "1+1"}}',
-         [ToolCall("calculator", {"expression": "1+1"})]),
-        ('{"answer": 3}', []),  # a JSON final answer without "name" is not a call
-    ],
-)
-def test_parse_tool_calls(text, expected):
-    assert parse_tool_calls(text) == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "reason"),
-    [
-        ("<tool_call>calculator(3*4)</tool_call>",
-         r"the tool call is not valid JSON \(Expecting value at character 0\)"),
-        ('<tool_call>{"name": "a", "arguments": {bad}}</tool_call>', "is not valid JSON"),
-        ('<tool_call>{"arguments": {}}</tool_call>', 'has no "name" string'),
-        ('<tool_call>{"name": "a", "arguments": [1]}</tool_call>', '"arguments" must be a JSON object, got \\[1\\]'),
-        ('<tool_call>{"name": "a", "arguments": "{x"}</tool_call>', 'the "arguments" string is not JSON'),
-        ('<tool_call>{"name": "a"} trailing</tool_call>', "expected </tool_call> after its JSON, got 'trailing</tool"),
-        ('<tool_call>{"name": "a"', "is not valid JSON"),
-        ("</tool_call>", "</tool_call> without an opening <tool_call>"),
-        ("<tool_call>[]</tool_call>", "is an empty list"),
-        ('<tool_call>{"name": "a"}</tool_call><tool_call>5</tool_call>', "tool call 1 must be a JSON object"),
-        ('<tool_call>[[{"name": "a"}]]</tool_call>', "the tool call, item 0 must be a JSON object"),
-        ("<tool_call>" + "[" * 100_000 + "</tool_call>", "the tool call.s JSON is nested too deeply"),
-    ],
-)
-def test_unparseable_markup_raises_tool_call_parse_error(text, reason):
-    with pytest.raises(ToolCallParseError, match=reason) as e:
-        parse_tool_calls(text)
-    assert e.value.reason == str(e.value)
-
-
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-                    | st.text(), lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner,
-                                                                                             max_size=4),
-                    max_leaves=12)
-
-
-@settings(max_examples=150, deadline=None)
-@given(name=st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True),
-       arguments=st.dictionaries(st.text(), JSON, max_size=5),
-       before=st.text().filter(lambda s: "tool_call>" not in s), n=st.integers(1, 3))
-def test_parse_tool_calls_round_trips_any_json_arguments(name, arguments, before, n):
-    call = ToolCall(name, arguments)
-    text = before + "".join(call.to_text() for _ in range(n))
-    assert parse_tool_calls(text) == [call] * n
-
-
-# ---------------------------------------------------------------------- parse_response (transformers >= 5)
-#: A response template for the Hermes format (written here: no tokenizer available offline ships one).
-HERMES_RESPONSE_TEMPLATE = {
-    "defaults": {"role": "assistant"},
-    "start_anchor": "<|im_start|>assistant\n",
-    "fields": {
-        "tool_calls": {"open": "<tool_call>", "close": "</tool_call>", "repeats": True, "content": "json",
-                       "transform": {"type": "function", "function": "{content}"}},
-        "content": {"close": "<|im_end|>", "content": "text"},
-    },
-}
-
-
-@pytest.fixture
-def tokenizer_with_response_template(tokenizer):
-    import copy
-
-    tok = copy.deepcopy(tokenizer)
-    tok.response_template = HERMES_RESPONSE_TEMPLATE
-    return tok
-
-
-def test_parse_response_path_matches_the_markup_parser(tokenizer, tokenizer_with_response_template):
-    assert getattr(tokenizer, "response_template", None) is None  # SmolLM2 has none: the markup parser runs
-    text = ('Sure. <tool_call>\n{"name": "add", "arguments": {"a": "7"}}\n</tool_call><tool_call>{"name": "b", '
-            '"arguments": {}}</tool_call>')
-    tok = tokenizer_with_response_template
-    # with the tools' schemas, parse_response casts "7" to the integer the schema asks for
-    assert parse_tool_calls(text, tokenizer=tok, tools=[add]) == [ToolCall("add", {"a": 7}), ToolCall("b", {})]
-    assert parse_tool_calls(text, tokenizer=tok) == parse_tool_calls(text) == [ToolCall("add", {"a": "7"}),
-                                                                               ToolCall("b", {})]
-    assert parse_tool_calls("The answer is 5.", tokenizer=tok) == []
-    with pytest.raises(ToolCallParseError, match="could not be parsed: json parser could not parse region as JSON"):
-        parse_tool_calls('<tool_call>{"name": "a", "arguments": {bad}}</tool_call>', tokenizer=tok)
 
 
 # ---------------------------------------------------------------------- prompts and templates

@@ -47,6 +47,19 @@ def test_turn_decay_and_guess_limit():
     assert play(GuessNumberEnv(), ["37.0"])[0].reward == 1.0
 
 
+def test_feedback_counts_the_turns_the_episode_really_has():
+    """With max_turns (set by the episode engine) below max_guesses, the game has max_turns guesses and says so."""
+    env = GuessNumberEnv(max_guesses=7)
+    env.max_turns = 3
+    assert env.budget == 3
+    assert play(env, ["10", "20", "30"]) == [EnvStep(user("Higher. 2 guesses left."), 0.0, False, {"guesses": 1}),
+                                             EnvStep(user("Higher. 1 guess left."), 0.0, False, {"guesses": 2}),
+                                             EnvStep([], 0.0, True, {"guesses": 3, "reason": "max_guesses"})]
+    env = GuessNumberEnv(max_guesses=2)
+    env.max_turns = 5  # more turns than guesses: max_guesses rules
+    assert env.budget == 2 and play(env, ["10"])[0].messages == user("Higher. 1 guess left.")
+
+
 @settings(max_examples=60, deadline=None)
 @given(secret=st.integers(1, 100))
 def test_binary_search_always_wins_within_seven_guesses(secret):
