@@ -27,9 +27,12 @@ Policy ratio                       ``train/ratio_{mean,min,max}`` (π_θ / π_ol
 Clip ratios                        ``train/clip_ratio/{low,high,region}_mean``                            fraction
 Completion length                  ``train/completions/{mean,min,max}_length``                            tokens
 Zero-std groups, truncation        ``train/frac_reward_zero_std``, ``train/completions/clipped_ratio``    fraction
-Episodes                           names with the word ``turns``/``tool_calls``/``episode``               count
+Episode rates                      ``train/episodes/{tool_call_rate,tool_success_rate,truncated[/...]}``  fraction
+Episode tokens                     ``train/episodes/{sampled,env}_tokens_mean``                           tokens
+Reward by turn count               ``train/reward_by_turns/<k>``                                          reward
+Episodes                           other names with ``turns``/``tool_calls``/``episode`` (turns_mean...)  count
 Throughput                         ``*tokens_per_sec`` (``train/``, ``rollout/``, ``train/real_``)         tokens/s
-Time per step                      ``time/*`` (generation, rollout wait, training, step)                  s
+Time per step                      ``time/*`` (generation, rollout wait, training, step, tools, env...)   s
 Async rollouts                     ``train/staleness``, ``train/dropped_rollouts``                        steps, count
 Gradient norm                      ``train/grad_norm``                                                    L2 norm
 Learning rate                      ``train/lr``, ``lr-<Optimizer>`` (LearningRateMonitor)                 lr
@@ -130,7 +133,12 @@ PANEL_SPECS: tuple[PanelSpec, ...] = (
     PanelSpec("Completion length", "length (tokens)", r"(^|/)completions/(?P<label>(mean|min|max)_length)$"),
     PanelSpec("Zero-std groups, truncation", "fraction (groups / completions)",
               r"(^|/)(frac_reward_zero_std|completions/clipped_ratio)$"),
-    PanelSpec("Episodes", "count per episode", r"(^|[/_])(turns?|tool_calls?|episodes?)([/_]|$)"),
+    PanelSpec("Episode rates", "fraction of episodes / of tool calls",
+              r"^train/episodes/(?P<label>(tool_call_rate|tool_success_rate|truncated(/.+)?))$"),
+    PanelSpec("Episode tokens", "tokens per episode", r"^train/episodes/(?P<label>(sampled|env)_tokens_mean)$"),
+    PanelSpec("Reward by turn count", "mean reward of the episodes with k turns",
+              r"^train/reward_by_turns/(?P<label>.+)$"),
+    PanelSpec("Episodes", "count per episode", r"^(?!time/)(.*[/_])?(turns?|tool_calls?|episodes?)([/_]|$)"),
     PanelSpec("Throughput", "tokens / s", r"tokens_per_sec$"),
     PanelSpec("Time per step", "seconds", r"^time/(?P<label>.+)$"),
     PanelSpec("Async rollouts", "steps behind / rollouts dropped", r"(^|/)(staleness|dropped_rollouts)$"),
