@@ -52,6 +52,7 @@ __all__ = [
     "RewardFunctions",
     "TrainerState",
     "arithmetic_answer_reward",
+    "bare_number_digit_reward",
     "builtin_rewards",
     "completion_text",
     "concise_number_reward",
@@ -265,6 +266,41 @@ def _score_bare_integers(completions: list, kwargs: dict[str, Any], name: str,
     return out
 
 
+def _digit_match(x: Decimal, answer: Decimal) -> float:
+    """Share of digit positions (from the units up, over the longer of the two numbers) where ``x`` and ``answer``
+    agree; 0.0 when their signs differ or either is not an integer."""
+    if x != x.to_integral_value() or answer != answer.to_integral_value() or (x < 0) != (answer < 0):
+        return 0.0
+    a, b = str(abs(int(x))), str(abs(int(answer)))
+    width = max(len(a), len(b))
+    a, b = a.rjust(width, " "), b.rjust(width, " ")
+    return sum(p == q for p, q in zip(a, b)) / width
+
+
+@requires_columns("answer")
+def bare_number_digit_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,
+                             ) -> list[float | None]:
+    """Format reward graded by digits: for a completion that is exactly an integer ``x`` (stripped, ``-?\\d+``), the
+    share of digit positions, counted from the units up over the longer of ``x`` and the answer ``a`` (column
+    ``answer``), where the two agree (a position only one of them has counts as a mismatch); 0.0 if the signs differ
+    or the completion is anything else; ``None`` where the answer is missing or not a number.
+
+    ``"82"`` for 82 -> 1.0, ``"12"`` -> 0.5 (units right), ``"80"`` -> 0.5 (tens right), ``"182"`` -> 2/3,
+    ``"100"`` for 103 -> 2/3, ``"100"`` for 82 -> 0.0, ``"43 + 39 = 82"`` -> 0.0.
+
+    Why (issue 17, docs/results/grpo_arithmetic.md): :func:`bare_number_closeness_reward` credits a number for being
+    *near* the answer, so one constant near the middle of the answers' range (e.g. "100" for every 2-digit sum) earns
+    0.7-1.0 on most problems without reading the operands, an optimum GRPO runs settled in. Digits are credited only
+    where they agree: a constant earns about a quarter on 2-digit sums (mostly the hundreds digit), while a policy that
+    gets the units digit right, ``(a0 + b0) mod 10``, earns a third more on every problem; any bare number still
+    beats text (0.0), so the format is learned as with the closeness reward.
+
+    Raises:
+        ValueError: the ``answer`` column is missing or has the wrong length.
+    """
+    return _score_bare_integers(completions, kwargs, "bare_number_digit_reward", _digit_match)
+
+
 @requires_columns("answer")
 def bare_number_closeness_reward(prompts: list, completions: list, completion_ids: list | None = None, **kwargs: Any,
                                  ) -> list[float | None]:
@@ -452,7 +488,7 @@ def tool_call_format_reward(prompts: list, completions: list, completion_ids: li
 def builtin_rewards() -> dict[str, RewardFn]:
     """The reward functions shipped in this module, by name (what a bare name in ``reward_funcs`` may be)."""
     fns = (arithmetic_answer_reward, bare_number_closeness_curriculum_reward, bare_number_closeness_reward,
-           concise_number_reward, gsm8k_answer_reward,
+           bare_number_digit_reward, concise_number_reward, gsm8k_answer_reward,
            strict_arithmetic_reward, strict_number_format_reward, tool_call_format_reward)
     return {fn.__name__: fn for fn in fns}
 
