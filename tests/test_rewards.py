@@ -21,6 +21,7 @@ from lit_llm.rewards import (
     arithmetic_answer_reward,
     bare_number_closeness_curriculum_reward,
     bare_number_closeness_reward,
+    bare_number_digit_reward,
     builtin_rewards,
     closeness_tolerance,
     concise_number_reward,
@@ -37,14 +38,14 @@ from lit_llm.rewards import (
 )
 
 BUILTINS = ["arithmetic_answer_reward", "bare_number_closeness_curriculum_reward", "bare_number_closeness_reward",
-            "concise_number_reward", "gsm8k_answer_reward",
+            "bare_number_digit_reward", "concise_number_reward", "gsm8k_answer_reward",
             "strict_arithmetic_reward",
             "strict_number_format_reward", "tool_call_format_reward"]
 # The answer / number-format built-ins the audits below run on bare text prompts (the tool reward needs known tools:
 # its own tests are at the end of this file).
 TEXT_BUILTINS = [n for n in BUILTINS if n != "tool_call_format_reward"]
 ANSWER_REWARDS = [arithmetic_answer_reward, bare_number_closeness_curriculum_reward, bare_number_closeness_reward,
-                  gsm8k_answer_reward, strict_arithmetic_reward]
+                  bare_number_digit_reward, gsm8k_answer_reward, strict_arithmetic_reward]
 
 
 def chat(text):
@@ -262,7 +263,7 @@ def test_builtin_names_resolve_and_unknown_names_list_them():
     assert resolve_reward("strict_arithmetic_reward") is strict_arithmetic_reward
     assert RewardFunctions(["gsm8k_answer_reward"]).funcs == [gsm8k_answer_reward]
     listed = r"Built-in reward functions: \['arithmetic_answer_reward', 'bare_number_closeness_curriculum_reward', " \
-             r"'bare_number_closeness_reward', " \
+             r"'bare_number_closeness_reward', 'bare_number_digit_reward', " \
              r"'concise_number_reward', " \
              r"'gsm8k_answer_reward', 'strict_arithmetic_reward', 'strict_number_format_reward', " \
              r"'tool_call_format_reward'\]"
@@ -391,7 +392,7 @@ def test_required_columns_from_signatures_and_declarations():
     assert required_columns(len) == ()  # no signature to read
     assert {n: required_columns(f) for n, f in builtin_rewards().items()} == {
         "arithmetic_answer_reward": ("answer",), "bare_number_closeness_curriculum_reward": ("answer",),
-        "bare_number_closeness_reward": ("answer",),
+        "bare_number_closeness_reward": ("answer",), "bare_number_digit_reward": ("answer",),
         "concise_number_reward": (), "gsm8k_answer_reward": ("answer",),
         "strict_arithmetic_reward": ("answer",), "strict_number_format_reward": (), "tool_call_format_reward": ()}
 
@@ -516,6 +517,27 @@ def test_bare_number_closeness_reward_exact_values():
     got = bare_number_closeness_reward([], completions, None, answer=answers)
     assert got == [1.0, 1.0 - 2 / 82, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
     assert bare_number_closeness_reward([], [chat("85"), "7"], None, answer=["-10", None]) == [0.0, None]
+
+
+def test_bare_number_digit_reward_exact_values():
+    # share of digit positions (units up, over the longer number) that agree; sign must agree; text scores 0
+    completions = ["82", "12", "80", "182", "28", "2", "43 + 39 = 82", " 82\n", "82.", "-82", "100", "100", "-7", "0"]
+    answers = ["82"] * 10 + ["103", "82", "-17", "0"]
+    got = bare_number_digit_reward([], completions, None, answer=answers)
+    assert got == [1.0, 1 / 2, 1 / 2, 2 / 3, 0.0, 1 / 2, 0.0, 1.0, 0.0, 0.0, 2 / 3, 0.0, 1 / 2, 1.0]
+    assert bare_number_digit_reward([], [chat("85"), "7"], None, answer=["85", None]) == [1.0, None]
+
+
+def test_bare_number_digit_reward_gives_a_constant_guess_less_than_the_units_digit():
+    # the constant-guess optimum of the closeness reward (issue 17): "100" for every 2-digit sum vs a policy that only
+    # gets the units digit right (tens and hundreds wrong), over all sums a + b with a, b in 10..99
+    sums = [a + b for a in range(10, 100) for b in range(10, 100)]
+    constant = sum(bare_number_digit_reward([], ["100"] * len(sums), None, answer=[str(x) for x in sums])) / len(sums)
+    units_only = [str((x % 10) + 10 * ((x // 10 + 5) % 10)) if x < 100 else str(200 + x % 10) for x in sums]
+    computed = sum(bare_number_digit_reward([], units_only, None, answer=[str(x) for x in sums])) / len(sums)
+    closeness = sum(bare_number_closeness_reward([], ["100"] * len(sums), None, answer=[str(x) for x in sums]))
+    assert constant < 0.3 < closeness / len(sums)
+    assert computed > constant
 
 
 def test_bare_number_closeness_curriculum_narrows_the_window():
