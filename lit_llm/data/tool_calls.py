@@ -172,7 +172,10 @@ def _cached_schema(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def _schema_of(fn: Callable[..., Any]) -> dict[str, Any]:
-    """:func:`function_schema`, cached per function (a rollout asks once per episode); a shallow copy."""
+    """:func:`function_schema`, cached per function (a rollout asks once per episode); a shallow copy. A bound
+    method is not cached (the cache would keep its instance, e.g. an episode's environment, alive)."""
+    if hasattr(fn, "__self__") and hasattr(fn, "__func__"):
+        return dict(function_schema(fn))
     try:
         return dict(_cached_schema(fn))
     except TypeError as e:  # an unhashable callable object: no cache

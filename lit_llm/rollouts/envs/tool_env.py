@@ -5,6 +5,7 @@ and ends the episode at the first turn without a call (the final answer, scored 
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Mapping
@@ -12,7 +13,7 @@ from typing import Any, Literal
 
 from lit_llm.data.tool_calls import ToolCallParseError, parse_tool_calls
 from lit_llm.rollouts.envs.base import Environment, EnvStep, _last_assistant, prompt_messages
-from lit_llm.rollouts.envs.tools import Tool, ToolResult, _as_tools
+from lit_llm.rollouts.envs.tools import Tool, ToolResult, _as_tools, _takes_receiver
 
 __all__ = ["OnToolError", "ToolEnv"]
 
@@ -24,8 +25,9 @@ class ToolEnv(Environment):
     """Base of tool-using tasks: each assistant turn either calls tools (their results are the next messages) or is
     the final answer (scored by :meth:`score`, which ends the episode).
 
-    Subclasses set :attr:`tools` (:class:`Tool` objects or plain callables, wrapped on first use) and implement
-    :meth:`score`, and :meth:`reset` when the initial messages are not just the row's ``prompt`` (the default). The
+    Subclasses set :attr:`tools` (:class:`Tool` objects or plain callables, wrapped on first use; a method written
+    in the class body and listed there, ``def peek(self, n: int) -> str: ...; tools = [peek]``, is bound to each
+    instance, as are ``staticmethod`` / ``classmethod`` objects) and implement :meth:`score`, and :meth:`reset` when the initial messages are not just the row's ``prompt`` (the default). The
     row given to :meth:`reset` is kept for :meth:`score` (a subclass's ``reset`` is wrapped to keep it too).
 
     Args:
@@ -49,6 +51,7 @@ class ToolEnv(Environment):
 
     Raises:
         ValueError: a bad option (named).
+        TypeError: a tool that takes ``self`` first but is not a method of the class (naming the tool and the fix).
     """
 
     tool_timeout: float = 10.0
@@ -75,7 +78,7 @@ class ToolEnv(Environment):
         self.on_tool_error = on_tool_error
         self.tool_error_penalty = float(tool_error_penalty)
         self.max_calls_per_turn = max_calls_per_turn
-        self.tools = _as_tools(self.tools)
+        self._tools()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -148,8 +151,11 @@ class ToolEnv(Environment):
         return self._reply(results, len(calls), refused=refused)
 
     def _tools(self) -> list[Tool]:
-        if not all(isinstance(t, Tool) for t in self.tools):
-            self.tools = _as_tools(self.tools)
+        """:attr:`tools` as :class:`Tool` objects bound to this instance (:func:`_instance_tools`), converted once
+        (again when :attr:`tools` is reassigned)."""
+        if self.__dict__.get("_ready_tools") is not self.tools or self.tools is None:
+            self.tools = _instance_tools(self, self.tools)
+            self._ready_tools = self.tools
         return list(self.tools)
 
     def _reply(self, results: list[ToolResult], attempted: int, *, refused: int = 0) -> EnvStep:
@@ -163,3 +169,40 @@ class ToolEnv(Environment):
             info["reason"] = _REASONS.get(failed[0].error or "", "tool_error")
             return EnvStep([], reward=0.0 - self.tool_error_penalty, done=True, info=info)
         return EnvStep([r.message for r in results], reward=0.0 - self.tool_error_penalty * errors, info=info)
+
+
+def _instance_tools(env: ToolEnv, tools: Any) -> list[Tool]:
+    """``tools`` as :class:`Tool` objects for ``env``: a function written as a method in the class body (first
+    parameter ``self``, listed as ``tools = [peek]``) is bound to ``env``, keeping a Tool's schema and timeout; a
+    ``classmethod`` object is bound to ``type(env)``.
+
+    Raises:
+        TypeError: ``tools`` is not a list, or a function takes ``self`` first but is not a method of ``env``'s class
+            (naming the tool and the fix).
+    """
+    name = type(env).__name__
+    if tools is None or isinstance(tools, str | bytes | Mapping) or not hasattr(tools, "__iter__"):
+        raise TypeError(f"{name}.tools must be a list of tools (functions or Tool objects), got {tools!r:.80}.")
+    out = []
+    for tool in tools:
+        fn = tool.fn if isinstance(tool, Tool) else tool
+        if isinstance(fn, classmethod):
+            bound = fn.__get__(None, type(env))
+        elif _takes_receiver(fn):
+            if not any(vars(k).get(fn.__name__) is fn for k in type(env).__mro__):
+                raise TypeError(
+                    f"{name}: tool {fn.__name__!r} ({fn.__qualname__}) takes `self` first but is not a method of "
+                    f"{name}, so it cannot be bound to the environment. List the bound method in __init__ "
+                    f"(`self.tools = [self.{fn.__name__}]` after super().__init__()), or make it a @staticmethod "
+                    f"without `self`.")
+            bound = fn.__get__(env, type(env))
+        else:
+            out.append(tool)
+            continue
+        if isinstance(tool, Tool):
+            tool = copy.copy(tool)
+            tool.fn = bound
+        else:
+            tool = bound
+        out.append(tool)
+    return _as_tools(out)

@@ -18,7 +18,9 @@ The message format follows transformers' chat templates (and TorchRL's ``ChatEnv
 
 from __future__ import annotations
 
+import copy
 import functools
+import inspect
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -163,12 +165,44 @@ class Tool:
 
 @functools.lru_cache(maxsize=256)
 def _tool_of(fn: Callable[..., Any]) -> Tool:
-    """One :class:`Tool` per function (environments are built once per episode; a Tool is stateless)."""
+    """One :class:`Tool` per plain function (environments are built once per episode; a Tool is stateless). Only
+    functions without a closure come here (:func:`_as_tool`): a bound method or a closure may hold an environment
+    instance, which the cache would keep alive."""
     return Tool(fn)
 
 
+def _shared(fn: Any) -> bool:
+    """Whether ``fn`` is a plain function that holds no instance: a module- or class-level ``def`` (no closure)."""
+    return inspect.isfunction(fn) and fn.__closure__ is None
+
+
 def _as_tool(tool: Tool | Callable[..., Any]) -> Tool:
-    return tool if isinstance(tool, Tool) else _tool_of(tool)
+    """``tool`` as a :class:`Tool`: a Tool as is; a plain function through the cache (:func:`_tool_of`); a bound
+    method of a plain function as a new Tool over the method with the cached schema of its function (the same
+    schema: ``transformers.utils.get_json_schema`` drops an un-annotated ``self``); any other callable (a closure, a
+    callable object) as a new Tool. A ``staticmethod`` object (listed in a class body) is its function."""
+    if isinstance(tool, Tool):
+        return tool
+    if isinstance(tool, staticmethod):
+        tool = tool.__func__
+    if _shared(tool):
+        return _tool_of(tool)
+    if inspect.ismethod(tool) and _shared(tool.__func__) and _takes_receiver(tool.__func__):
+        bound = copy.copy(_tool_of(tool.__func__))
+        bound.fn = tool
+        return bound
+    return Tool(tool)
+
+
+def _takes_receiver(fn: Any) -> bool:
+    """Whether the plain function ``fn``'s first parameter is an implicit receiver: named ``self`` or ``cls``,
+    without a type hint (what ``transformers.utils.get_json_schema`` leaves out of the schema), i.e. a method
+    written in a class body that must be bound before it is called."""
+    if not inspect.isfunction(fn):
+        return False
+    params = list(inspect.signature(fn).parameters.values())
+    return bool(params) and params[0].name in ("self", "cls") and params[0].annotation is inspect.Parameter.empty \
+        and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 def _as_tools(tools: Sequence[Tool | Callable[..., Any]]) -> list[Tool]:

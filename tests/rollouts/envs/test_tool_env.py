@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from lit_llm.rollouts.envs import EnvStep, ToolCall, ToolEnv, ToolResult
+from lit_llm.rollouts.envs import EnvStep, Tool, ToolCall, ToolEnv, ToolResult
 
 RELEASE = threading.Event()
 
@@ -195,3 +195,121 @@ def test_score_must_be_implemented():
 
     with pytest.raises(NotImplementedError, match="NoScore must implement score"):
         turn(NoScore(), "5")
+
+
+class PeekEnv(ToolEnv):
+    """Tools written in the class body: a method (bound per instance), a Tool of a method (its timeout kept), a
+    staticmethod and a classmethod."""
+
+    prefix = "cls:"
+
+    def __init__(self, secret: str = "abcdef", **kwargs):
+        self.secret = secret
+        super().__init__(**kwargs)
+
+    def peek(self, n: int) -> str:
+        """The first n letters of the secret.
+
+        Args:
+            n: how many letters.
+        """
+        return self.secret[:n]
+
+    def last(self, n: int) -> str:
+        """The last n letters of the secret.
+
+        Args:
+            n: how many letters.
+        """
+        return self.secret[-n:]
+
+    @staticmethod
+    def shout(text: str) -> str:
+        """Upper-case a text.
+
+        Args:
+            text: the text.
+        """
+        return text.upper()
+
+    @classmethod
+    def tag(cls, text: str) -> str:
+        """Tag a text with the class prefix.
+
+        Args:
+            text: the text.
+        """
+        return cls.prefix + text
+
+    tools = [peek, Tool(last, timeout=2.5), shout, tag]
+
+    def score(self, answer, row):
+        return float(answer == self.secret)
+
+
+def test_methods_listed_in_the_class_body_are_bound_to_each_instance():
+    env = PeekEnv("xyz123")
+    assert [t.name for t in env.tools] == ["peek", "last", "shout", "tag"]
+    assert env.tools[1].timeout == 2.5 and PeekEnv.tools[1].fn is PeekEnv.__dict__["last"]  # the class list kept
+    text = call("peek", n=2) + call("last", n=3) + call("shout", text="hi") + call("tag", text="t")
+    step = strip_times(turn(env, text))
+    assert step.messages == [{"role": "tool", "name": "peek", "content": "xy"},
+                             {"role": "tool", "name": "last", "content": "123"},
+                             {"role": "tool", "name": "shout", "content": "HI"},
+                             {"role": "tool", "name": "tag", "content": "cls:t"}]
+    assert (step.info["tool_calls"], step.info["tool_errors"]) == (4, 0)
+    assert turn(PeekEnv("qq"), call("peek", n=1)).messages[0]["content"] == "q"  # each instance its own self
+    assert turn(env, "xyz123") == EnvStep([], 1.0, True, {"reason": "answer"})
+
+
+def test_class_body_methods_are_bound_without_toolenv_init():
+    class NoInit(ToolEnv):  # a subclass that never calls ToolEnv.__init__: bound on first step
+        def __init__(self):
+            self.secret = "hello"
+
+        peek = PeekEnv.peek
+        tools = [peek]
+
+        def score(self, answer, row):
+            return 0.0
+
+    assert turn(NoInit(), call("peek", n=4)).messages == [{"role": "tool", "name": "peek", "content": "hell"}]
+
+
+def test_a_self_function_of_another_class_is_a_clear_error():
+    class Other(ToolEnv):
+        tools = [PeekEnv.peek]  # takes self, but an Other is no PeekEnv
+
+        def score(self, answer, row):
+            return 0.0
+
+    with pytest.raises(TypeError) as e:
+        Other()
+    assert str(e.value) == (
+        "Other: tool 'peek' (PeekEnv.peek) takes `self` first but is not a method of Other, so it cannot be bound to "
+        "the environment. List the bound method in __init__ (`self.tools = [self.peek]` after super().__init__()), "
+        "or make it a @staticmethod without `self`.")
+
+
+@pytest.mark.parametrize("listed", ["class_body", "bound_in_init", "schemas_of_a_bound_method"])
+def test_the_tool_cache_keeps_no_environment_alive(listed):
+    """Tools and schemas are cached per plain function; a bound method (one per environment, per episode) is not
+    cached, so a finished episode's environment is freed."""
+    import gc
+    import weakref
+
+    from lit_llm.rollouts.envs import tool_schemas
+
+    class InitEnv(PeekEnv):
+        def __init__(self):
+            super().__init__("abc")
+            self.tools = [self.peek]
+
+    env = PeekEnv("abc") if listed == "class_body" else InitEnv()
+    assert turn(env, call("peek", n=1)).messages[0]["content"] == "a"
+    if listed == "schemas_of_a_bound_method":  # what the renderer asks of a plain Environment's tools
+        assert tool_schemas([env.peek])[0]["function"]["parameters"]["required"] == ["n"]
+    ref = weakref.ref(env)
+    del env
+    gc.collect()
+    assert ref() is None
