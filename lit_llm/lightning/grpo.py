@@ -508,16 +508,21 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         columns are checked against the data module's prompts (:meth:`check_reward_columns`). A built-in
         ``environment`` with another built-in ``task`` is an error (:func:`check_environment_task`); a data module whose
         ``task`` is an environment's (``calculator``, ``guess_number``) without an ``environment`` warns (its prompts
-        are then single completions).
+        are then single completions). The environment's class must implement ``step`` (a ToolEnv ``score``),
+        checked here since a run whose turns never end may never step it.
 
         Raises:
             ValueError: a built-in environment with another built-in task (names both options and the fix).
+            lit_llm.rollouts.RolloutError: an environment class that does not implement ``step`` (or, a ToolEnv,
+                ``score``): :meth:`~lit_llm.rollouts.EpisodeEngine.check_environment`.
         """
         if self.trainer.world_size > 1 and self.global_rank > 0:
             torch.manual_seed(_mix_seed(torch.initial_seed(), 0, self.global_rank))
         datamodule = getattr(self.trainer, "datamodule", None)
         task = getattr(datamodule, "task", None)
         check_environment_task(self.env_factory, task)
+        if self.env_factory is not None:  # before any rollout: a tiny model's turns may never step it
+            self.engine.check_environment()
         if self.env_factory is None and task in ENVIRONMENT_TASKS:
             rank_zero_warn(f"GRPOModule: data.task={task!r} holds the prompts of the {task!r} environment, but "
                            f"model.environment is not set: they are trained as single completions. Set "

@@ -53,6 +53,7 @@ from lit_llm.rollouts.engine import (
     read_prompt_batch,
     row_seeds,
 )
+from lit_llm.rollouts.envs.base import unimplemented_method
 from lit_llm.rollouts.envs.tools import tool_schemas
 from lit_llm.rollouts.episode_loop import (
     DEFAULT_MAX_TURNS,
@@ -246,6 +247,34 @@ class EpisodeEngine(RolloutEngine):
             env.tool_timeout = self.tool_timeout
         return env
 
+    def check_environment(self, env: Any = None) -> None:
+        """Check that the environment's class implements what episodes call
+        (:func:`~lit_llm.rollouts.envs.base.unimplemented_method`): ``step`` for an
+        :class:`~lit_llm.rollouts.envs.Environment` subclass, ``score`` for a
+        :class:`~lit_llm.rollouts.envs.ToolEnv` one. Without this check a run whose turns never end (a tiny model's
+        hit ``max_new_tokens``) would never step the environment and train without an error.
+
+        ``env``: the environment to ask; ``None``: a fresh one from :meth:`make_env`, closed after the check.
+
+        Raises:
+            RolloutError: naming the class and the method to write.
+        """
+        if env is None:
+            env = self.make_env()
+            try:
+                return self.check_environment(env)
+            finally:
+                if callable(getattr(env, "close", None)):
+                    env.close()
+        method = unimplemented_method(env)
+        if method is not None:
+            name, base = _env_name(env), "ToolEnv" if method.startswith("score") else "Environment"
+            what = ("the reward of the final answer (a turn without tool calls)" if base == "ToolEnv"
+                    else "the environment's reply to each model turn")
+            raise RolloutError(f"environment {name} does not implement {method}, {what}; it inherits {base}."
+                               f"{method.partition('(')[0]}, which raises NotImplementedError. Write "
+                               f"{name}.{method.partition(' ->')[0]}.")
+
     def check_columns(self, columns: Sequence[str], *, source: str = "the dataset", env: Any = None) -> None:
         """Check that the prompt rows hold every column the environment's ``reset`` needs (``required_columns``).
 
@@ -357,8 +386,8 @@ class EpisodeEngine(RolloutEngine):
             (:data:`EPISODE_STAT_KEYS`).
 
         Raises:
-            RolloutError: a bad prompt batch, an environment missing columns or failing (names it), a reward
-                function named ``"env"``.
+            RolloutError: a bad prompt batch, an environment missing columns, a method
+                (:meth:`check_environment`) or failing (names it), a reward function named ``"env"``.
             lit_llm.rewards.RewardError: a reward function raised or returned NaN / the wrong length.
         """
         prompts, sample_ids, columns = read_prompt_batch(batch)
@@ -369,6 +398,7 @@ class EpisodeEngine(RolloutEngine):
                 for k in range(n_prompts)]
         first = self.make_env()
         try:
+            self.check_environment(first)
             self.check_columns(list(columns), source="the prompt batch", env=first)
         except RolloutError:
             if callable(getattr(first, "close", None)):

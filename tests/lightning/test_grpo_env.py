@@ -22,9 +22,11 @@ from lit_llm.rewards import resolve_reward
 from lit_llm.rollouts import EpisodeEngine, RolloutError
 from lit_llm.rollouts.envs import (
     CalculatorEnv,
+    Environment,
     EnvironmentSpecError,
     GuessNumberEnv,
     Tool,
+    ToolEnv,
     builtin_environment_name,
     resolve_environment,
 )
@@ -206,6 +208,37 @@ def test_environment_columns_checked_at_setup_before_any_rollout(tmp_path):
                                            r"prompts of GRPODataModule has only \['key', 'mode', 'prompt', "
                                            r"'sample_id'\]"):
         trainer(1, root=tmp_path).fit(module, dm)
+    assert module.engine.num_policy_calls == 0
+
+
+class ResetOnlyEnv(Environment):
+    """A user environment that forgot step (the tiny model's turns never end, so training alone would not notice)."""
+
+    required_columns = ("key",)
+
+
+class NoScoreToolEnv(ToolEnv):
+    """A tool task that forgot score."""
+
+    tools = [CalculatorEnv.tools[0]]
+
+
+@pytest.mark.parametrize(("environment", "message"), [
+    (ResetOnlyEnv, "environment ResetOnlyEnv does not implement step(messages) -> EnvStep, the environment's reply to "
+                   "each model turn; it inherits Environment.step, which raises NotImplementedError. Write "
+                   "ResetOnlyEnv.step(messages)."),
+    (NoScoreToolEnv, "environment NoScoreToolEnv does not implement score(answer, row) -> float, the reward of the "
+                     "final answer (a turn without tool calls); it inherits ToolEnv.score, which raises "
+                     "NotImplementedError. Write NoScoreToolEnv.score(answer, row)."),
+])
+def test_environment_without_step_or_score_fails_at_setup(tmp_path, environment, message):
+    module = GRPOModule("tiny", environment=environment, num_generations=2, max_new_tokens=2)
+    with pytest.raises(RolloutError) as e:
+        trainer(1, root=tmp_path).fit(module, key_data(tmp_path))
+    assert str(e.value) == message
+    with pytest.raises(RolloutError) as e:  # without a data module too
+        trainer(1, root=tmp_path, limit_val_batches=None).validate(module, [{"prompt": ["Hi"], "key": ["k0"]}])
+    assert str(e.value) == message
     assert module.engine.num_policy_calls == 0
 
 

@@ -392,3 +392,25 @@ def test_public_names_importable_from_episodes():
         assert getattr(episodes, name) is getattr(home, name), name
     for name in ("EpisodeEngine", "EpisodeRenderer", "Trajectory", "run_episode", "turn_seed"):
         assert getattr(rollouts, name) is getattr(episodes, name)
+
+
+def test_a_score_returning_none_fails_the_episode_naming_the_class(tokenizer):
+    """Through the episode loop: a ToolEnv whose score returns None is a RolloutError naming <Class>.score."""
+    from lit_llm.rollouts.envs import ToolEnv
+
+    class NoneScore(ToolEnv):
+        tools = [calculator]
+
+        def score(self, answer, row):
+            if answer == "right":
+                return 1.0  # forgot the other path
+
+    reply = [tokenizer("wrong<|im_end|>", add_special_tokens=False)["input_ids"]]
+    with pytest.raises(RolloutError) as e:
+        run_episode(NoneScore(), {"prompt": "Go"}, renderer=EpisodeRenderer(tokenizer),
+                    generate=scripted_generate(reply, []))
+    assert str(e.value) == (
+        "environment NoneScore.step raised TypeError: NoneScore.score must return a real number (the reward of the "
+        "final answer), got NoneType None for the answer 'wrong'; return a float (e.g. 1.0 for a correct answer, 0.0 "
+        "otherwise) on every path. (environments report tool and model-output errors as messages; an exception is a "
+        "bug of the environment)")

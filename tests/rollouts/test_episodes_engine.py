@@ -278,3 +278,46 @@ def test_guess_number_feedback_counts_the_engines_turns(tokenizer):
                          max_turns=3).make_env().max_turns == 2
     assert not hasattr(EpisodeEngine(policy, tokenizer=tokenizer, env_factory=GuessEnv, num_generations=2,
                                      max_turns=3).make_env(), "max_turns")
+
+
+def test_check_environment_names_the_method_to_write(tokenizer):
+    """An Environment without step, or a ToolEnv without score, fails before any turn (a tiny model's turns may never
+    end, so the environment would never be stepped); the environment built for the check is closed."""
+    from lit_llm.rollouts.envs import Environment, ToolEnv
+
+    closed = []
+
+    class NoStep(Environment):
+        def close(self):
+            closed.append(type(self).__name__)
+
+    class NoScore(ToolEnv):
+        def close(self):
+            closed.append(type(self).__name__)
+
+    expected = {
+        NoStep: "environment NoStep does not implement step(messages) -> EnvStep, the environment's reply to each "
+                "model turn; it inherits Environment.step, which raises NotImplementedError. Write "
+                "NoStep.step(messages).",
+        NoScore: "environment NoScore does not implement score(answer, row) -> float, the reward of the final answer "
+                 "(a turn without tool calls); it inherits ToolEnv.score, which raises NotImplementedError. Write "
+                 "NoScore.score(answer, row).",
+    }
+    for cls, message in expected.items():
+        policy = scripted(tokenizer)
+        engine = EpisodeEngine(policy, tokenizer=tokenizer, env_factory=cls, num_generations=G, seed=SEED)
+        with pytest.raises(RolloutError) as e:
+            engine.check_environment()
+        assert str(e.value) == message
+        with pytest.raises(RolloutError) as e:
+            engine.rollout(BATCH, step=STEP)
+        assert str(e.value) == message
+        assert engine.num_policy_calls == 0
+    assert closed == ["NoStep", "NoStep", "NoScore", "NoScore"]
+    engine, _ = make(tokenizer)
+    engine.check_environment()  # a duck-typed environment (not a subclass) with its own step: fine
+
+    class StepOnly(ToolEnv):  # a ToolEnv with its own step needs no score
+        def step(self, messages):
+            return Step([], done=True)
+    engine.check_environment(StepOnly())

@@ -12,6 +12,7 @@ from lit_llm.rollouts.envs.base import (
     builtin_environments,
     prompt_messages,
     resolve_environment,
+    unimplemented_method,
 )
 from lit_llm.rollouts.envs.calculator import CalculatorEnv, calculator, evaluate_expression
 from lit_llm.rollouts.envs.guess_number import GuessNumberEnv
@@ -33,4 +34,4 @@ __all__ = ["CalculatorEnv", "EnvStep", "Environment", "EnvironmentSpecError", "G
            "ToolCallParseError", "ToolEnv", "ToolResult", "builtin_environment_name",
            "builtin_environments", "calculator", "evaluate_expression",
            "parse_tool_calls", "prompt_messages", "prompt_with_tools", "resolve_environment", "template_supports_tools",
-           "tool_schemas", "tools_system_prompt", "validate_arguments"]
+           "tool_schemas", "tools_system_prompt", "unimplemented_method", "validate_arguments"]

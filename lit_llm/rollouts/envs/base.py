@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from lit_llm.rollouts.envs.tools import Tool
 
 __all__ = ["EnvStep", "Environment", "EnvironmentSpecError", "builtin_environment_name", "builtin_environments",
-           "call_with_timeout", "prompt_messages", "resolve_environment"]
+           "call_with_timeout", "prompt_messages", "resolve_environment", "unimplemented_method"]
 
 
 class EnvironmentSpecError(ValueError):
@@ -123,6 +123,23 @@ class Environment:
 
     def close(self) -> None:
         """Release per-episode resources (default: nothing)."""
+
+
+def unimplemented_method(env: Any) -> str | None:
+    """What an environment instance's class must still write, or ``None``: ``"step(messages) -> EnvStep"`` for an
+    :class:`Environment` subclass that does not override :meth:`Environment.step`, ``"score(answer, row) -> float"``
+    for a :class:`~lit_llm.rollouts.envs.ToolEnv` subclass that does not override its ``score``. Duck-typed
+    environments (not subclasses) are not checked. The check of the episode engine's setup
+    (:meth:`~lit_llm.rollouts.EpisodeEngine.check_environment`): a tiny model's turns may never end, so the
+    environment may never be stepped before a real model trains."""
+    from lit_llm.rollouts.envs.tool_env import ToolEnv
+
+    cls = type(env)
+    if isinstance(env, Environment) and cls.step is Environment.step:
+        return "step(messages) -> EnvStep"
+    if isinstance(env, ToolEnv) and cls.step is ToolEnv.step and cls.score is ToolEnv.score:
+        return "score(answer, row) -> float"
+    return None
 
 
 def builtin_environments() -> dict[str, type[Environment]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -27,8 +28,9 @@ class ToolEnv(Environment):
 
     Subclasses set :attr:`tools` (:class:`Tool` objects or plain callables, wrapped on first use; a method written
     in the class body and listed there, ``def peek(self, n: int) -> str: ...; tools = [peek]``, is bound to each
-    instance, as are ``staticmethod`` / ``classmethod`` objects) and implement :meth:`score`, and :meth:`reset` when the initial messages are not just the row's ``prompt`` (the default). The
-    row given to :meth:`reset` is kept for :meth:`score` (a subclass's ``reset`` is wrapped to keep it too).
+    instance, as are ``staticmethod`` / ``classmethod`` objects) and implement :meth:`score`, and :meth:`reset`
+    when the initial messages are not just the row's ``prompt`` (the default). The row given to :meth:`reset` is
+    kept for :meth:`score` (a subclass's ``reset`` is wrapped to keep it too).
 
     Args:
         tool_timeout: seconds each call may run before it is abandoned (a timeout is a tool error). The episode
@@ -121,7 +123,10 @@ class ToolEnv(Environment):
 
         Raises:
             ValueError: ``messages`` does not end with an assistant message with ``str`` content, or :meth:`reset`
-                was not called (programming errors, never model output).
+                was not called (programming errors, never model output), or :meth:`score` returned a non-finite
+                number.
+            TypeError: :meth:`score` returned something else than a real number (``None``, a ``bool``, a string;
+                named with the value).
         """
         text = _last_assistant(messages)
         row = self.row
@@ -131,7 +136,7 @@ class ToolEnv(Environment):
         except ToolCallParseError as e:
             return self._reply([ToolResult("invalid_tool_call", f"Error: {e.reason}", error="parse_error")], 1)
         if not calls:
-            return EnvStep([], reward=float(self.score(text, row)), done=True, info={"reason": "answer"})
+            return EnvStep([], reward=self._checked_score(text, row), done=True, info={"reason": "answer"})
         by_name = {t.name: t for t in tools}
         results: list[ToolResult] = []
         for call in calls[:self.max_calls_per_turn]:
@@ -149,6 +154,20 @@ class ToolEnv(Environment):
             results.append(ToolResult("too_many_tool_calls", f"Error: {len(calls)} tool calls in one turn; only the "
                                       f"first {self.max_calls_per_turn} were run.", error="too_many_calls"))
         return self._reply(results, len(calls), refused=refused)
+
+    def _checked_score(self, answer: str, row: Mapping[str, Any]) -> float:
+        """:meth:`score` as a float, checked: a real number (``int`` / ``float`` / NumPy scalar; not ``bool``, not a
+        string), finite."""
+        value = self.score(answer, row)
+        name = type(self).__name__
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name}.score must return a real number (the reward of the final answer), got "
+                            f"{type(value).__name__} {value!r:.80} for the answer {answer!r:.80}; return a float "
+                            f"(e.g. 1.0 for a correct answer, 0.0 otherwise) on every path.")
+        if not math.isfinite(value):
+            raise ValueError(f"{name}.score returned {value!r} for the answer {answer!r:.80}; rewards must be finite "
+                             f"numbers.")
+        return float(value)
 
     def _tools(self) -> list[Tool]:
         """:attr:`tools` as :class:`Tool` objects bound to this instance (:func:`_instance_tools`), converted once

@@ -313,3 +313,45 @@ def test_the_tool_cache_keeps_no_environment_alive(listed):
     del env
     gc.collect()
     assert ref() is None
+
+
+class Scored(AddEnv):
+    """score returns whatever the test put in ``value``."""
+
+    value = None
+
+    def score(self, answer, row):
+        return self.value
+
+
+@pytest.mark.parametrize(("value", "expected"), [(1, 1.0), (0.5, 0.5), (-2, -2.0)])
+def test_score_of_a_real_number_is_the_reward(value, expected):
+    import numpy as np
+
+    for v in (value, np.float32(value), np.float64(value), *([np.int64(value)] if isinstance(value, int) else [])):
+        env = Scored()
+        env.value = v
+        step = turn(env, "5")
+        assert step == EnvStep([], expected, True, {"reason": "answer"}) and type(step.reward) is float
+
+
+@pytest.mark.parametrize(("value", "error", "message"), [
+    (None, TypeError, "Scored.score must return a real number (the reward of the final answer), got NoneType None "
+                      "for the answer 'final 5'; return a float (e.g. 1.0 for a correct answer, 0.0 otherwise) on "
+                      "every path."),
+    (True, TypeError, "Scored.score must return a real number (the reward of the final answer), got bool True for "
+                      "the answer 'final 5'; return a float (e.g. 1.0 for a correct answer, 0.0 otherwise) on every "
+                      "path."),
+    ("1.0", TypeError, "Scored.score must return a real number (the reward of the final answer), got str '1.0' for "
+                       "the answer 'final 5'; return a float (e.g. 1.0 for a correct answer, 0.0 otherwise) on every "
+                       "path."),
+    (float("nan"), ValueError, "Scored.score returned nan for the answer 'final 5'; rewards must be finite numbers."),
+    (float("-inf"), ValueError, "Scored.score returned -inf for the answer 'final 5'; rewards must be finite "
+                                "numbers."),
+])
+def test_score_of_anything_else_is_an_error_naming_it(value, error, message):
+    env = Scored()
+    env.value = value
+    with pytest.raises(error) as e:
+        turn(env, "final 5")
+    assert str(e.value) == message
