@@ -341,11 +341,12 @@ def root_cause(exc: BaseException) -> BaseException:
 
 def _option_like(word: str, text: str) -> bool:
     """Whether ``word`` appears in ``text`` as an option, not as an English word: an identifier with ``_``
-    (``num_generations``), or written ``--word`` / ``x.word`` / ``word=`` / quoted (``'word'``, ```word```)."""
+    (``num_generations``), or written ``--word`` / ``x.word`` / ``word=`` / quoted (``'word'``, ```word```); not
+    as a folder of a quoted path (``'path/to/file.py'``)."""
     if "_" in word:
         return True
     w = re.escape(word)
-    return re.search(rf"(--|\.|[`'\"])\b{w}\b|\b{w}\s*=(?!=)|\b{w}[`'\"]", text) is not None
+    return re.search(rf"(--|\.|[`'\"])\b{w}\b(?![/\\])|\b{w}\s*=(?!=)|\b{w}[`'\"]", text) is not None
 
 
 def _find_option(text: str, config: Mapping[str, Any] | None) -> tuple[str, Any] | None:

@@ -84,7 +84,7 @@ from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
 from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutEngine
 from lit_llm.rollouts.engine import RESERVED_KEYS, _mix_seed
-from lit_llm.rollouts.envs import builtin_environment_name, resolve_environment
+from lit_llm.rollouts.envs import EnvironmentSpecError, builtin_environment_name, resolve_environment
 
 __all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_environment_task", "check_old_log_probs", "environment_hparam",
            "environment_unresolved"]
@@ -124,6 +124,10 @@ class EnvironmentConfig:
 
     def __repr__(self) -> str:
         return f"EnvironmentConfig({self.spec!r})"
+
+    def __str__(self) -> str:
+        """The spec as given (what the CLI's error hint shows after the option)."""
+        return str(self.spec)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, EnvironmentConfig) and other.spec == self.spec
@@ -425,7 +429,10 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         elif _ENVIRONMENT_UNRESOLVED.get():  # loaded for the weights alone (export): the spec is not imported
             self.env_factory = _unresolved_factory(environment)
         else:
-            self.env_factory = resolve_environment(environment)
+            try:
+                self.env_factory = resolve_environment(environment)
+            except EnvironmentSpecError as e:  # names its option (the CLI's hint looks options up by name)
+                raise EnvironmentSpecError(f"GRPOModule: model.environment: {e}") from e
         if environment is not None:  # checkpoints hold an import path, not a class (resume loads weights_only)
             self.hparams["environment"] = environment_hparam(environment)
         if reward_funcs is None:

@@ -95,6 +95,43 @@ def test_module_value_error_comes_first_with_its_option(tmp_path):
                      "  (set by --model.init_args.num_generations 1; LIT_LLM_DEBUG=1 shows the traceback)"]
 
 
+ENV_CASES = {
+    # the module's message quotes 'path/to/my_agnt.py:CapitalEnv' (not --data.init_args.path)
+    "module_typo": ("my_agnt:CapitalEnv", "my_agnt:CapitalEnv",
+                    "GRPOModule: model.environment: Environment 'my_agnt:CapitalEnv' could not be loaded: "),
+    # the message lists the parameters of a ToolEnv (not --model.init_args.tool_timeout)
+    "bad_init_args": ('{"class_path": "capital_env:CapitalEnv", "init_args": {"bogus": 1}}',
+                      "{'class_path': 'capital_env:CapitalEnv', 'init_args': {'bogus': 1}}",
+                      "GRPOModule: model.environment: Environment spec {'class_path': 'capital_env:CapitalEnv', "
+                      "'init_args': {'bogus': 1}}: CapitalEnv does not take these init_args"),
+    "unknown_builtin": ("calculater", "calculater",
+                        "GRPOModule: model.environment: Unknown environment 'calculater': not a built-in (did you "
+                        "mean 'calculator'?)"),
+}
+
+
+@pytest.mark.parametrize("case", list(ENV_CASES))
+def test_environment_spec_error_names_the_environment_option(case, tmp_path, monkeypatch):
+    """An environment spec that does not resolve is attributed to --model.init_args.environment, with the spec as
+    given, whatever else its message mentions (a 'path/to/...' example, the class's parameters)."""
+    (tmp_path / "capital_env.py").write_text(
+        "from lit_llm.rollouts.envs import ToolEnv\n\n\nclass CapitalEnv(ToolEnv):\n"
+        "    def score(self, answer, row):\n        return 0.0\n")
+    (tmp_path / "capitals.jsonl").write_text(json.dumps({"prompt": "Capital of France?", "answer": "Paris"}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    given, shown, first = ENV_CASES[case]
+    lines = build_error_lines(["fit", "--config", GRPO, "--data.task", "null", "--data.path", "capitals.jsonl",
+                               "--model.init_args.reward_funcs", "[]", "--model.init_args.reward_weights", "null",
+                               "--model.init_args.environment", given, "--trainer.max_steps", "0",
+                               "--trainer.default_root_dir", str(tmp_path)])
+    assert lines[0].startswith(first), lines
+    if case == "bad_init_args":
+        assert "its parameters are ['tool_timeout', 'on_tool_error'" in lines[0]
+    if case == "module_typo":
+        assert "'path/to/my_agnt.py:CapitalEnv'" in lines[0]
+    assert lines[-1] == f"  (set by --model.init_args.environment {shown}; LIT_LLM_DEBUG=1 shows the traceback)"
+
+
 def test_trainer_error_names_its_option(tmp_path):
     lines = build_error_lines(["fit", "--config", SFT, "--trainer.accelerator", "gpuu", "--trainer.default_root_dir",
                                str(tmp_path)])

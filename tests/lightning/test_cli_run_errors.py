@@ -133,6 +133,8 @@ CONFIG = {"model": {"init_args": {"reward_funcs": ["strict_arithmetic_rewrd"], "
     ("You selected an invalid accelerator name: `accelerator='gpuu'`.", "set by --trainer.accelerator gpuu; "),
     ("model.dtype='bfloat16' loads the weights in bfloat16", "set by --model.init_args.dtype bfloat16; "),
     ("the file at this path is empty; the task needs a dtype", "ValueError; "),
+    # a quoted example path is not the option path
+    ("No module 'my_agnt'; give the file: 'path/to/my_agnt.py:MyEnv'.", "ValueError; "),
 ])
 def test_option_attribution_needs_an_option_like_token(text, where):
     assert explain_config_error(ValueError(text), CONFIG) == f"{text}\n  ({where}{HINT}"
