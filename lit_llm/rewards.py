@@ -527,7 +527,13 @@ def _import_module(module: str, spec: str) -> Any:
 
 def _load_file(path: str, spec: str) -> Any:
     """The module of a Python file (relative to the current directory or absolute), loaded once under a stable name
-    (``lit_llm_reward_file_<stem>_<hash of the path>``, kept in ``sys.modules``)."""
+    (``lit_llm_reward_file_<stem>_<hash of the path>``, kept in ``sys.modules``).
+
+    The file's folder is put on ``sys.path`` before it runs, so it imports the modules beside it (``from helpers
+    import CAP`` with ``helpers.py`` in the same folder) as a script does. It is **appended**, and left there: an
+    installed module is never shadowed by a file of that folder (``python script.py`` prepends instead), and
+    imports the file makes later (inside its functions) still find their modules. Sibling modules are imported
+    under their plain names, so two such folders should not hold different modules of the same name."""
     file = Path(path).expanduser()
     file = (file if file.is_absolute() else Path.cwd() / file).resolve()
     if not file.is_file():
@@ -541,13 +547,21 @@ def _load_file(path: str, spec: str) -> Any:
     if module_spec is None or module_spec.loader is None:
         raise RewardError(f"Reward function file {str(file)!r} of {spec!r} is not a Python module; give a .py file.")
     module = importlib.util.module_from_spec(module_spec)
+    folder = str(file.parent)
+    if not any(os.path.abspath(p or os.curdir) == folder for p in sys.path):
+        sys.path.append(folder)  # appended: a file of the folder never shadows an installed module
+        importlib.invalidate_caches()
     sys.modules[name] = module  # before running it: dataclasses and pickling look the module up by name
     try:
         module_spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[name]
+        hint = "Fix the file."
+        if isinstance(e, ModuleNotFoundError):
+            hint = (f"Install the module, or put it beside the file (its folder {folder} is on sys.path, after the "
+                    f"installed packages).")
         raise RewardError(f"Running reward function file {str(file)!r} of {spec!r} raised {type(e).__name__}: {e}. "
-                          f"Fix the file.") from e
+                          f"{hint}") from e
     return module
 
 
@@ -560,7 +574,8 @@ def resolve_reward(spec: RewardFn | str) -> RewardFn:
             module imported as is, else from the current directory, which is put on ``sys.path`` (appended) as
             ``python -m`` does, so ``rewards:my_fn`` finds ``./rewards.py`` without ``PYTHONPATH``; or
             ``"path/to/file.py:function"`` (relative to the current directory, or absolute), loaded with
-            ``importlib.util.spec_from_file_location`` under a stable module name.
+            ``importlib.util.spec_from_file_location`` under a stable module name, its folder appended to
+            ``sys.path`` so it imports the modules beside it.
 
     Raises:
         RewardError: (a ``ValueError``) an unknown name (listing the built-ins), a module or file that cannot be found

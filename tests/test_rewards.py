@@ -339,6 +339,18 @@ def test_module_errors_name_the_spec_and_the_fix(user_folder):
         resolve_reward(f"{lacking}:LIMIT")
 
 
+def test_file_path_spec_imports_the_modules_beside_it(user_folder):
+    """The shared file loader appends the file's folder to sys.path: a reward file imports its sibling modules."""
+    helpers = f"reward_helpers_{uuid.uuid4().hex[:8]}"
+    sub = user_folder / "rewards_dir"
+    sub.mkdir()
+    (sub / f"{helpers}.py").write_text("BONUS = 0.5\n")
+    (sub / "scored.py").write_text(f"from {helpers} import BONUS\n\n\ndef bonus_reward(prompts, completions, "
+                                   f"**kwargs):\n    return [BONUS + len(c) for c in completions]\n")
+    assert resolve_reward("rewards_dir/scored.py:bonus_reward")(["q"], ["abc"]) == [3.5]
+    assert sys.path[-1] == str(sub.resolve())
+
+
 def test_file_path_specs(user_folder, tmp_path_factory):
     sub = user_folder / "my rewards"
     sub.mkdir()

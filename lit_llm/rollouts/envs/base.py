@@ -197,6 +197,7 @@ def _load(path: str, spec: Any) -> Any:
         module = _load_file(target, text) if is_file else _import_module(target, text)  # names a string
     except RewardError as e:
         message = (str(e).replace(" (a reward_funcs / eval_reward_funcs entry)", "")
+                   .replace("Reward function file", "File").replace("reward function file", "file")
                    .replace("Reward function", "Import path").replace("reward function", "import path"))
         raise EnvironmentSpecError(f"Environment {spec!r} could not be loaded: {message} (An environment spec is "
                                    f"'package.module:MyEnv', 'path/to/file.py:MyEnv', {_DICT_HINT}, or a built-in "
@@ -235,7 +236,8 @@ def resolve_environment(spec: Any) -> Callable[[], Environment]:
               ``"guess_number"`` (:class:`~lit_llm.rollouts.envs.GuessNumberEnv`);
             * an import path ``"package.module:MyEnv"`` / ``"package.module.MyEnv"`` (imported as is, else from the
               current directory, as :func:`lit_llm.rewards.resolve_reward` does) or ``"path/to/file.py:MyEnv"``
-              (relative to the current directory, or absolute);
+              (relative to the current directory, or absolute; the file's folder is appended to ``sys.path``, so
+              it imports the modules beside it);
             * a LightningCLI-style dict ``{"class_path": <any of the above strings>, "init_args": {...}}``: the
               factory calls ``MyEnv(**init_args)``; the arguments are checked against the signature now.
 

@@ -101,7 +101,7 @@ def test_factory_callables():
                        r"environments: \['calculator', 'guess_number'\]"),
         ("no_such_module_xyz:Env", r"Environment 'no_such_module_xyz:Env' could not be loaded: Import path "
                                    r"'no_such_module_xyz:Env': no module 'no_such_module_xyz'"),
-        ("missing_dir/missing.py:Env", r"could not be loaded: .*file 'missing_dir/missing.py' .* not found"),
+        ("missing_dir/missing.py:Env", r"could not be loaded: File 'missing_dir/missing.py' of .* not found"),
         ("lit_llm.rollouts.envs:NopeEnv", r"Environment 'lit_llm.rollouts.envs:NopeEnv': module "
                                           r"'lit_llm.rollouts.envs' has no attribute 'NopeEnv'; its environment "
                                           r"classes are \['CalculatorEnv', 'Environment', 'GuessNumberEnv', "
@@ -145,3 +145,35 @@ def test_envs_package_never_imports_lightning():
             "print(sorted({m.split('.')[0] for m in sys.modules if 'lightning' in m}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # DESIGN.md layers: rollouts never import Lightning
+
+
+def test_file_spec_imports_the_modules_beside_it(tmp_path, monkeypatch):
+    """An environment file given by path imports its sibling modules (its folder is appended to sys.path), from
+    another working directory, also from inside its functions (the folder stays on sys.path)."""
+    import sys
+
+    helpers = f"helpers_{uuid.uuid4().hex[:8]}"
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    (folder / f"{helpers}.py").write_text("CAP = 'Paris'\n")
+    (folder / "env2.py").write_text(
+        f"from {helpers} import CAP\nfrom lit_llm.rollouts.envs import Environment, EnvStep\n\n\n"
+        "class E2(Environment):\n    def step(self, messages):\n"
+        f"        from {helpers} import CAP as again\n"
+        "        return EnvStep([], reward=float(messages[-1]['content'] == CAP == again), done=True)\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # restored after the test
+    env = resolve_environment("../dir/env2.py:E2")()
+    assert env.step([{"role": "assistant", "content": "Paris"}]) == EnvStep([], 1.0, True)
+    assert sys.path[-1] == str(folder.resolve())  # appended, after the installed packages
+    (folder / "env3.py").write_text("import missing_helper_xyz\n")
+    with pytest.raises(EnvironmentSpecError) as e:
+        resolve_environment("../dir/env3.py:E3")
+    assert str(e.value).startswith(
+        f"Environment '../dir/env3.py:E3' could not be loaded: Running file '{folder.resolve() / 'env3.py'}' of "
+        f"'../dir/env3.py:E3' raised ModuleNotFoundError: No module named 'missing_helper_xyz'. Install the module, "
+        f"or put it beside the file (its folder {folder.resolve()} is on sys.path, after the installed packages). "
+        f"(An environment spec is ")
+    sys.modules.pop(helpers)
