@@ -7,6 +7,7 @@ until the environment says ``done`` or one of the engine's limits (:data:`ENGINE
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -126,12 +127,15 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
         The :class:`Trajectory`.
 
     Raises:
-        RolloutError: ``env.reset`` / ``env.step`` raised or returned something that is not messages / an EnvStep,
-            a non-finite reward, a first render that leaves no room to generate (the message names the
-            environment and the fix).
+        RolloutError: ``max_turns`` is not an int >= 1 (before ``env.reset``); ``env.reset`` / ``env.step`` raised
+            or returned something that is not messages / an EnvStep, a non-finite reward, a first render that
+            leaves no room to generate (the message names the environment and the fix).
         ChatTemplateError: the template cannot render the environment's messages after a turn.
         Exception: whatever ``generate`` raised.
     """
+    if isinstance(max_turns, bool) or not isinstance(max_turns, numbers.Integral) or max_turns < 1:
+        raise RolloutError(f"run_episode: max_turns must be an int >= 1 (model turns per episode), got "
+                           f"{max_turns!r}.")
     timed_out = False
     try:
         traj = _first_render(env, row, renderer, max_input_length)

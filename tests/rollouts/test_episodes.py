@@ -414,3 +414,14 @@ def test_a_score_returning_none_fails_the_episode_naming_the_class(tokenizer):
         "final answer), got NoneType None for the answer 'wrong'; return a float (e.g. 1.0 for a correct answer, 0.0 "
         "otherwise) on every path. (environments report tool and model-output errors as messages; an exception is a "
         "bug of the environment)")
+
+
+@pytest.mark.parametrize("max_turns", [0, -1, 1.5, True, None])
+def test_max_turns_below_one_is_an_error(tokenizer, max_turns):
+    env = env_of(1)
+    with pytest.raises(RolloutError) as e:
+        run_episode(env, {"prompt": "Go"}, renderer=EpisodeRenderer(tokenizer), generate=scripted_generate([], []),
+                    max_turns=max_turns)
+    assert str(e.value) == (f"run_episode: max_turns must be an int >= 1 (model turns per episode), got "
+                            f"{max_turns!r}.")
+    assert env.seen == [] and not env.closed  # checked before the environment is used
