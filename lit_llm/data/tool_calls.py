@@ -161,9 +161,36 @@ def function_schema(fn: Callable[..., Any]) -> dict[str, Any]:
         raise ValueError(
             f"Tool {name!r}: cannot build its JSON schema ({type(e).__name__}: {e}). A tool needs a type hint on "
             f"every parameter and a Google-style docstring with a description and an 'Args:' section naming "
-            f"each parameter, e.g.\n    def {name}(expression: str) -> str:\n        \"\"\"Evaluate an "
-            f"arithmetic expression.\n\n        Args:\n            expression: the expression, e.g. '3 * 4'.\n"
-            f"        \"\"\"") from e
+            f"each parameter, e.g.\n{_schema_example(fn, name)}") from e
+
+
+def _schema_example(fn: Callable[..., Any], name: str) -> str:
+    """The signature line and a docstring with an ``Args:`` entry per parameter of ``fn`` (its real names and type
+    hints, ``str`` where a hint is missing; an implicit ``self`` / ``cls`` kept, without an entry), the example of
+    :func:`function_schema`'s error."""
+    import inspect
+
+    def hint(annotation: Any) -> str:
+        if annotation is inspect.Parameter.empty:
+            return "str"
+        return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        signature = inspect.Signature()
+    params = list(signature.parameters.values())
+    receiver = []
+    if params and params[0].name in ("self", "cls") and params[0].annotation is inspect.Parameter.empty:
+        receiver, params = [params[0].name], params[1:]
+    params = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    returns = "" if signature.return_annotation is inspect.Signature.empty else \
+        f" -> {hint(signature.return_annotation)}"
+    args = "".join(f"\n            {p.name}: what {p.name} is." for p in params)
+    written = ", ".join([*receiver, *(f"{p.name}: {hint(p.annotation)}" for p in params)])
+    return (f"    def {name}({written}){returns}:\n"
+            f"        \"\"\"What {name} does, in one line." + (f"\n\n        Args:{args}" if params else "")
+            + "\n        \"\"\"")
 
 
 @functools.lru_cache(maxsize=256)

@@ -218,3 +218,23 @@ def test_smollm2_template_ignores_tools(tokenizer):
     assert (tokenizer.apply_chat_template(messages, tools=[Tool(add).schema], tokenize=False)
             == tokenizer.apply_chat_template(messages, tokenize=False))
     assert template_supports_tools(tokenizer) is False  # so the tools go in a tools_system_prompt system message
+
+
+def test_schema_error_example_uses_the_tools_own_parameters():
+    def nodoc(x: str, count: int = 1):
+        return x * count
+
+    class Box:
+        def peek(self, n) -> str:
+            return "x" * n
+
+    with pytest.raises(ValueError) as e:
+        Tool(nodoc)
+    assert str(e.value).endswith(
+        "e.g.\n    def nodoc(x: str, count: int):\n        \"\"\"What nodoc does, in one line.\n\n        Args:\n"
+        "            x: what x is.\n            count: what count is.\n        \"\"\"")
+    with pytest.raises(ValueError) as e:
+        Tool(Box.peek)
+    assert str(e.value).endswith(
+        "e.g.\n    def peek(self, n: str) -> str:\n        \"\"\"What peek does, in one line.\n\n        Args:\n"
+        "            n: what n is.\n        \"\"\"")
