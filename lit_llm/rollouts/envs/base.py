@@ -210,6 +210,22 @@ def _load(path: str, spec: Any) -> Any:
     return getattr(module, attr)
 
 
+def _not_an_environment(where: str, obj: Any) -> EnvironmentSpecError:
+    """The error of a spec (``where`` names it) that resolved to ``obj``, which is not an environment class: for a
+    class, the methods it lacks and the base classes to subclass."""
+    if inspect.isclass(obj):
+        lacks = " and ".join(m for m in ("reset(row)", "step(messages)")
+                             if not callable(getattr(obj, m.partition("(")[0], None)))
+        return EnvironmentSpecError(
+            f"{where} names the class {obj.__qualname__}, which lacks {lacks}, so it is not an environment. Subclass "
+            f"lit_llm.rollouts.envs.Environment and write step(messages) -> EnvStep (reset(row) defaults to the "
+            f"row's prompt), or lit_llm.rollouts.envs.ToolEnv for a tool task (set its tools and write "
+            f"score(answer, row)).")
+    return EnvironmentSpecError(f"{where} resolved to {obj!r:.100}, not an Environment class (with reset(row) and "
+                                f"step(messages)) nor a factory function. Point it at an Environment subclass, or a "
+                                f"function that returns a fresh environment.")
+
+
 def _checked_factory(factory: Callable[..., Any], spec: Any) -> Callable[[], Environment]:
     """``factory`` wrapped so each instance it returns is checked to be an environment."""
 
@@ -263,6 +279,8 @@ def resolve_environment(spec: Any) -> Callable[[], Environment]:
                                        f"arguments, got {init_args!r}.")
         target = spec["class_path"]
         cls = _load(target, spec) if isinstance(target, str) else target
+        if inspect.isclass(cls) and not _is_env_class(cls):
+            raise _not_an_environment(f"Environment spec {dict(spec)!r}: 'class_path'", cls)
         if not _is_env_class(cls):
             raise EnvironmentSpecError(f"Environment spec {dict(spec)!r}: 'class_path' must name an Environment class "
                                        f"(with reset(row) and step(messages)), got {cls!r:.100}.")
@@ -270,8 +288,9 @@ def resolve_environment(spec: Any) -> Callable[[], Environment]:
             inspect.signature(cls).bind(**init_args)
         except TypeError as e:
             params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+            takes = f"its parameters are {params}" if params else "it takes no arguments: drop 'init_args'"
             raise EnvironmentSpecError(f"Environment spec {dict(spec)!r}: {cls.__name__} does not take these "
-                                       f"init_args ({e}); its parameters are {params}.") from e
+                                       f"init_args ({e}); {takes}.") from e
         return functools.partial(cls, **init_args) if init_args else cls
     if isinstance(spec, str):
         obj = _load(spec, spec)
@@ -279,10 +298,11 @@ def resolve_environment(spec: Any) -> Callable[[], Environment]:
             return obj
         if inspect.isfunction(obj):
             return _checked_factory(obj, spec)
-        raise EnvironmentSpecError(f"Environment {spec!r} resolved to {obj!r:.100}, not an Environment class (with "
-                                   f"reset(row) and step(messages)) nor a factory function. Point it at the class.")
+        raise _not_an_environment(f"Environment {spec!r}", obj)
     if _is_env_class(spec):
         return spec
+    if inspect.isclass(spec):
+        raise _not_an_environment(f"Environment spec {spec.__qualname__}", spec)
     if callable(getattr(spec, "reset", None)) and callable(getattr(spec, "step", None)):
         raise TypeError(f"resolve_environment got an environment instance ({type(spec).__name__}); each episode needs "
                         f"a fresh one: give the class {type(spec).__name__} (or a factory function, or "

@@ -108,14 +108,17 @@ def test_factory_callables():
                                           r"'ToolEnv'\]"),
         ("envs.py", r"names a file but no class; give 'envs.py:MyEnv'"),
         ("pkg.", r"must look like 'package.module:MyEnv'"),
-        ("collections:OrderedDict", r"resolved to <class 'collections.OrderedDict'>, not an Environment class"),
+        ("collections:OrderedDict", r"^Environment 'collections:OrderedDict' names the class OrderedDict, which "
+                                    r"lacks reset\(row\) and step\(messages\), so it is not an environment\. "
+                                    r"Subclass lit_llm\.rollouts\.envs\.Environment and write step\(messages\)"),
         ({"class_path": "calculator", "args": {}}, r"a dict needs 'class_path' .* unknown keys \['args'\]"),
         ({"init_args": {}}, r"a dict needs 'class_path'"),
         ({"class_path": "calculator", "init_args": {"max_guesses": 3}},
          r"CalculatorEnv does not take these init_args \(got an unexpected keyword argument 'max_guesses'\); its "
          r"parameters are \['tool_timeout', 'on_tool_error', 'tool_error_penalty', 'max_calls_per_turn'\]"),
         ({"class_path": "calculator", "init_args": [1]}, "'init_args' must be a mapping"),
-        ({"class_path": "collections:OrderedDict"}, "'class_path' must name an Environment class"),
+        ({"class_path": "collections:OrderedDict"}, "'class_path' names the class OrderedDict, which lacks"),
+        ({"class_path": "collections:namedtuple"}, "'class_path' must name an Environment class"),
     ],
 )
 def test_bad_specs(spec, match, tmp_path, monkeypatch):
@@ -127,6 +130,46 @@ def test_bad_specs(spec, match, tmp_path, monkeypatch):
 def test_file_attribute_that_is_not_an_environment(in_tmp):
     with pytest.raises(EnvironmentSpecError, match=r"resolved to 3, not an Environment class"):
         resolve_environment(f"{in_tmp}.py:NOT_AN_ENV")
+
+
+RESET_ONLY = '''
+class ResetOnly:
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+'''
+
+
+def test_a_class_without_step_says_what_it_lacks_and_what_to_subclass(tmp_path, monkeypatch):
+    (tmp_path / "reset_only.py").write_text(RESET_ONLY)
+    monkeypatch.chdir(tmp_path)
+    fix = ("so it is not an environment. Subclass lit_llm.rollouts.envs.Environment and write step(messages) -> "
+           "EnvStep (reset(row) defaults to the row's prompt), or lit_llm.rollouts.envs.ToolEnv for a tool task (set "
+           "its tools and write score(answer, row)).")
+    with pytest.raises(EnvironmentSpecError) as e:
+        resolve_environment("reset_only.py:ResetOnly")
+    assert str(e.value) == f"Environment 'reset_only.py:ResetOnly' names the class ResetOnly, which lacks " \
+                           f"step(messages), {fix}"
+    with pytest.raises(EnvironmentSpecError) as e:
+        resolve_environment({"class_path": "reset_only.py:ResetOnly"})
+    assert str(e.value) == f"Environment spec {{'class_path': 'reset_only.py:ResetOnly'}}: 'class_path' names the " \
+                           f"class ResetOnly, which lacks step(messages), {fix}"
+
+    class Plain:
+        pass
+    with pytest.raises(EnvironmentSpecError) as e:
+        resolve_environment(Plain)
+    assert str(e.value) == (f"Environment spec {Plain.__qualname__} names the class {Plain.__qualname__}, which lacks "
+                            f"reset(row) and step(messages), {fix}")
+
+
+def test_init_args_of_a_class_without_parameters():
+    class NoArgs(Environment):
+        def step(self, messages):
+            return EnvStep([], done=True)
+    with pytest.raises(EnvironmentSpecError) as e:
+        resolve_environment({"class_path": NoArgs, "init_args": {"bogus": 1}})
+    assert str(e.value).endswith("NoArgs does not take these init_args (got an unexpected keyword argument "
+                                 "'bogus'); it takes no arguments: drop 'init_args'.")
 
 
 def test_instances_and_other_types_are_type_errors():
