@@ -227,7 +227,31 @@ def _not_an_environment(where: str, obj: Any) -> EnvironmentSpecError:
 
 
 def _checked_factory(factory: Callable[..., Any], spec: Any) -> Callable[[], Environment]:
-    """``factory`` wrapped so each instance it returns is checked to be an environment."""
+    """``factory`` wrapped so each instance it returns is checked to be an environment.
+
+    Raises:
+        EnvironmentSpecError: ``factory`` needs arguments (it is called with none, once per episode).
+    """
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: checked on each call only
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind()
+        except TypeError:
+            required = [p.name for p in signature.parameters.values() if p.default is p.empty
+                        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            name = getattr(factory, "__name__", type(factory).__name__)
+            signature = signature.replace(parameters=[p.replace(annotation=p.empty)
+                                                      for p in signature.parameters.values()],
+                                          return_annotation=signature.empty)  # the names alone
+            where = f"Environment {spec!r}" if isinstance(spec, str) else "Environment factory"
+            raise EnvironmentSpecError(
+                f"{where} names the function {name}{signature}, which needs the argument(s) {required}, but an "
+                f"environment factory is called with none, once per episode. Point it at the Environment class, or "
+                f"at a function without required arguments that returns a fresh environment (a tool function goes "
+                f"in a ToolEnv subclass's tools list).") from None
 
     @functools.wraps(factory)
     def make() -> Environment:
@@ -247,7 +271,8 @@ def resolve_environment(spec: Any) -> Callable[[], Environment]:
         spec: one of
 
             * an :class:`Environment` subclass (or any class with ``reset`` and ``step``);
-            * a zero-argument factory function returning a fresh environment (checked on each call);
+            * a zero-argument factory function returning a fresh environment (checked now to need no argument, and
+              its result on each call);
             * a built-in name: ``"calculator"`` (:class:`~lit_llm.rollouts.envs.CalculatorEnv`),
               ``"guess_number"`` (:class:`~lit_llm.rollouts.envs.GuessNumberEnv`);
             * an import path ``"package.module:MyEnv"`` / ``"package.module.MyEnv"`` (imported as is, else from the
@@ -264,8 +289,8 @@ def resolve_environment(spec: Any) -> Callable[[], Environment]:
     Raises:
         EnvironmentSpecError: (a ``ValueError``) an unknown built-in name (listing them), an import path that does
             not resolve, a dict with other keys than ``class_path`` / ``init_args`` or with ``init_args`` the class
-            does not take, a path naming something that is not an environment class; each names the spec and the
-            fix.
+            does not take, a path naming something that is not an environment class, a factory function with
+            required arguments; each names the spec and the fix.
         TypeError: an environment *instance* (one is needed per episode: give its class), or a spec of another type.
     """
     if isinstance(spec, Mapping):

@@ -94,6 +94,26 @@ def test_factory_callables():
         resolve_environment(lambda: 3)()
 
 
+def test_a_factory_with_required_arguments_fails_at_resolve_time(in_tmp):
+    """A tool function given as the environment fails when the spec is resolved, not at the first episode."""
+    fix = ("but an environment factory is called with none, once per episode. Point it at the Environment class, or "
+           "at a function without required arguments that returns a fresh environment (a tool function goes in a "
+           "ToolEnv subclass's tools list).")
+    with pytest.raises(EnvironmentSpecError) as e:
+        resolve_environment("lit_llm.rollouts.envs:calculator")
+    assert str(e.value) == ("Environment 'lit_llm.rollouts.envs:calculator' names the function calculator(expression), "
+                            f"which needs the argument(s) ['expression'], {fix}")
+
+    def make(level, *, seed):
+        return GuessNumberEnv()
+    with pytest.raises(EnvironmentSpecError) as e:
+        resolve_environment(make)
+    assert str(e.value).startswith("Environment factory names the function make(level, *, seed), which needs the "
+                                   "argument(s) ['level', 'seed'], ")
+    assert fresh(resolve_environment(functools.partial(make, 1, seed=2))).max_guesses == 7  # bound: fine
+    assert fresh(resolve_environment(f"{in_tmp}:make_echo")).reward == 0.5  # a zero-argument factory
+
+
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
