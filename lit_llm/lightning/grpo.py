@@ -405,6 +405,15 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             if given:
                 raise ValueError(f"GRPOModule: {given} apply to multi-turn episodes only, but no environment is set. "
                                  f"Set --model.init_args.environment (e.g. calculator), or drop them.")
+        elif (isinstance(max_turns, int) and isinstance(max_tool_calling_iterations, int)
+              and max_turns != max_tool_calling_iterations + 1):
+            k = max_tool_calling_iterations
+            raise ValueError(f"GRPOModule: max_turns={max_turns} and max_tool_calling_iterations={k} disagree "
+                             f"(max_turns = iterations + 1: the model answers once more after the last environment "
+                             f"reply); set only one. A config that sets one keeps it when the other is given on the "
+                             f"command line: pass it as null, e.g. --model.init_args.max_tool_calling_iterations {k} "
+                             f"--model.init_args.max_turns null, or --model.init_args.max_turns {max_turns} "
+                             f"--model.init_args.max_tool_calling_iterations null.")
         elif loss_type == "dr_grpo" and max_episode_tokens is None:
             raise ValueError("GRPOModule: loss_type='dr_grpo' divides by a constant completion length, which with an "
                              "environment is max_episode_tokens (the budget of an episode's completion, sampled + "

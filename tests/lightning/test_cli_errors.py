@@ -22,6 +22,7 @@ from lit_llm.lightning.cli import LitLLMCLI, main
 ROOT = Path(__file__).resolve().parents[2]
 GRPO = str(ROOT / "configs/grpo_tiny.yaml")
 SFT = str(ROOT / "configs/sft_tiny.yaml")
+GRPO_TOOLS = str(ROOT / "configs/grpo_tools_tiny.yaml")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
 
 
@@ -130,6 +131,18 @@ def test_environment_spec_error_names_the_environment_option(case, tmp_path, mon
     if case == "module_typo":
         assert "'path/to/my_agnt.py:CapitalEnv'" in lines[0]
     assert lines[-1] == f"  (set by --model.init_args.environment {shown}; LIT_LLM_DEBUG=1 shows the traceback)"
+
+
+def test_max_tool_calling_iterations_over_a_config_with_max_turns_says_to_null_it(tmp_path):
+    lines = build_error_lines(["fit", "--config", GRPO_TOOLS, "--model.init_args.max_tool_calling_iterations", "3",
+                               "--trainer.max_steps", "0", "--trainer.default_root_dir", str(tmp_path)])
+    assert lines == [
+        "GRPOModule: max_turns=3 and max_tool_calling_iterations=3 disagree (max_turns = iterations + 1: the model "
+        "answers once more after the last environment reply); set only one. A config that sets one keeps it when the "
+        "other is given on the command line: pass it as null, e.g. --model.init_args.max_tool_calling_iterations 3 "
+        "--model.init_args.max_turns null, or --model.init_args.max_turns 3 "
+        "--model.init_args.max_tool_calling_iterations null.",
+        "  (LIT_LLM_DEBUG=1 shows the traceback)"]
 
 
 def test_trainer_error_names_its_option(tmp_path):

@@ -192,8 +192,16 @@ def test_option_errors():
     assert module.objective.max_completion_length == module.engine.max_completion_length == 48
     with pytest.raises(EnvironmentSpecError, match="calculater.*did you mean 'calculator'"):
         GRPOModule("tiny", environment="calculater")
-    with pytest.raises(ValueError, match="max_turns=2 and max_tool_calling_iterations=3 disagree"):
+    with pytest.raises(ValueError) as e:
         GRPOModule("tiny", environment="calculator", max_turns=2, max_tool_calling_iterations=3)
+    assert str(e.value) == (
+        "GRPOModule: max_turns=2 and max_tool_calling_iterations=3 disagree (max_turns = iterations + 1: the model "
+        "answers once more after the last environment reply); set only one. A config that sets one keeps it when the "
+        "other is given on the command line: pass it as null, e.g. --model.init_args.max_tool_calling_iterations 3 "
+        "--model.init_args.max_turns null, or --model.init_args.max_turns 2 "
+        "--model.init_args.max_tool_calling_iterations null.")
+    assert GRPOModule("tiny", environment="calculator", max_turns=4, max_tool_calling_iterations=3).engine.max_turns \
+        == 4  # agreeing values are fine
     assert GRPOModule("tiny", environment="calculator", max_tool_calling_iterations=3).engine.max_turns == 4
     with pytest.raises(ValueError, match="reward_weights .* without reward_funcs"):
         GRPOModule("tiny", environment="calculator", reward_funcs=[], reward_weights=[1.0])
