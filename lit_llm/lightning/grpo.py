@@ -446,12 +446,18 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             self.hparams["environment"] = environment_hparam(environment)
         if reward_funcs is None:
             reward_funcs = DEFAULT_REWARDS if environment is None else []
+        null_weights = ("a config that sets reward_weights keeps them when reward_funcs is changed on the command "
+                        "line: pass --model.init_args.reward_weights null too (all weights 1), or one weight per "
+                        "function")
+        if reward_weights is not None and list(reward_funcs) and len(reward_weights) != len(reward_funcs):
+            raise ValueError(f"GRPOModule: reward_weights {list(reward_weights)} has {len(reward_weights)} entries but "
+                             f"reward_funcs {list(reward_funcs)} has {len(reward_funcs)}; {null_weights}.")
         if environment is None or list(reward_funcs):
             self.rewards: RewardFunctions | None = RewardFunctions(list(reward_funcs), reward_weights)
         else:  # the environment's reward alone
             if reward_weights:
-                raise ValueError(f"GRPOModule: reward_weights {reward_weights} given without reward_funcs; the "
-                                 f"environment's reward is weighted by env_reward_weight.")
+                raise ValueError(f"GRPOModule: reward_weights {reward_weights} given without reward_funcs (the "
+                                 f"environment's reward is weighted by env_reward_weight); {null_weights}.")
             self.rewards = None
         evals = list(eval_reward_funcs or reward_funcs)
         self.eval_rewards: RewardFunctions | None = RewardFunctions(evals) if evals else None

@@ -145,6 +145,16 @@ def test_max_tool_calling_iterations_over_a_config_with_max_turns_says_to_null_i
         "  (LIT_LLM_DEBUG=1 shows the traceback)"]
 
 
+def test_reward_funcs_emptied_over_a_config_with_reward_weights_says_to_null_them(tmp_path):
+    lines = build_error_lines(["fit", "--config", GRPO_TOOLS, "--model.init_args.reward_funcs", "[]",
+                               "--trainer.max_steps", "0", "--trainer.default_root_dir", str(tmp_path)])
+    assert lines == [
+        "GRPOModule: reward_weights [0.2] given without reward_funcs (the environment's reward is weighted by "
+        "env_reward_weight); a config that sets reward_weights keeps them when reward_funcs is changed on the command "
+        "line: pass --model.init_args.reward_weights null too (all weights 1), or one weight per function.",
+        "  (LIT_LLM_DEBUG=1 shows the traceback)"]
+
+
 def test_trainer_error_names_its_option(tmp_path):
     lines = build_error_lines(["fit", "--config", SFT, "--trainer.accelerator", "gpuu", "--trainer.default_root_dir",
                                str(tmp_path)])

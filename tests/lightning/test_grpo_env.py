@@ -203,8 +203,16 @@ def test_option_errors():
     assert GRPOModule("tiny", environment="calculator", max_turns=4, max_tool_calling_iterations=3).engine.max_turns \
         == 4  # agreeing values are fine
     assert GRPOModule("tiny", environment="calculator", max_tool_calling_iterations=3).engine.max_turns == 4
-    with pytest.raises(ValueError, match="reward_weights .* without reward_funcs"):
+    fix = ("a config that sets reward_weights keeps them when reward_funcs is changed on the command line: pass "
+           "--model.init_args.reward_weights null too (all weights 1), or one weight per function.")
+    with pytest.raises(ValueError) as e:
         GRPOModule("tiny", environment="calculator", reward_funcs=[], reward_weights=[1.0])
+    assert str(e.value) == ("GRPOModule: reward_weights [1.0] given without reward_funcs (the environment's reward is "
+                            f"weighted by env_reward_weight); {fix}")
+    with pytest.raises(ValueError) as e:
+        GRPOModule("tiny", reward_funcs=["strict_arithmetic_reward"], reward_weights=[1.0, 0.5])
+    assert str(e.value) == ("GRPOModule: reward_weights [1.0, 0.5] has 2 entries but reward_funcs "
+                            f"['strict_arithmetic_reward'] has 1; {fix}")
     with pytest.raises(ValueError, match="reward_funcs is empty"):
         GRPOModule("tiny", reward_funcs=[])
 
