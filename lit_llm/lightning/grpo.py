@@ -81,7 +81,7 @@ from lit_llm.models import DEFAULT_MODEL, DType
 from lit_llm.objectives.correction import RolloutCorrection
 from lit_llm.objectives.grpo import LOSS_TYPES, GRPOObjective, check_advantage_settings
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
-from lit_llm.rewards import RewardFunctions
+from lit_llm.rewards import RewardError, RewardFunctions
 from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutEngine
 from lit_llm.rollouts.engine import RESERVED_KEYS, _mix_seed
 from lit_llm.rollouts.envs import EnvironmentSpecError, builtin_environment_name, resolve_environment
@@ -450,8 +450,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                         "line: pass --model.init_args.reward_weights null too (all weights 1), or one weight per "
                         "function")
         if reward_weights is not None and list(reward_funcs) and len(reward_weights) != len(reward_funcs):
-            raise ValueError(f"GRPOModule: reward_weights {list(reward_weights)} has {len(reward_weights)} entries but "
-                             f"reward_funcs {list(reward_funcs)} has {len(reward_funcs)}; {null_weights}.")
+            raise RewardError(f"GRPOModule: reward_weights {list(reward_weights)} has {len(reward_weights)} entries "
+                              f"but reward_funcs {list(reward_funcs)} has {len(reward_funcs)}; {null_weights}.")
         if environment is None or list(reward_funcs):
             self.rewards: RewardFunctions | None = RewardFunctions(list(reward_funcs), reward_weights)
         else:  # the environment's reward alone

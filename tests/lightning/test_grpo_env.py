@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lit_llm.lightning.grpo import DEFAULT_REWARDS, GRPOModule, check_environment_task, environment_hparam
 from lit_llm.lightning.grpo_data import GRPODataModule, collate_prompts
 from lit_llm.objectives.grpo import compute_advantages
-from lit_llm.rewards import resolve_reward
+from lit_llm.rewards import RewardError, resolve_reward
 from lit_llm.rollouts import EpisodeEngine, RolloutError
 from lit_llm.rollouts.envs import (
     CalculatorEnv,
@@ -209,7 +209,7 @@ def test_option_errors():
         GRPOModule("tiny", environment="calculator", reward_funcs=[], reward_weights=[1.0])
     assert str(e.value) == ("GRPOModule: reward_weights [1.0] given without reward_funcs (the environment's reward is "
                             f"weighted by env_reward_weight); {fix}")
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(RewardError) as e:  # the type of RewardFunctions' own check
         GRPOModule("tiny", reward_funcs=["strict_arithmetic_reward"], reward_weights=[1.0, 0.5])
     assert str(e.value) == ("GRPOModule: reward_weights [1.0, 0.5] has 2 entries but reward_funcs "
                             f"['strict_arithmetic_reward'] has 1; {fix}")
