@@ -94,10 +94,14 @@ class Trajectory:
 
     @property
     def num_sampled_tokens(self) -> int:
+        """Ids the model sampled in this episode (the ``"model"`` segments; ``loss_mask.sum()``), over all turns."""
         return sum(len(s.ids) for s in self.segments if s.source == "model")
 
     @property
     def num_env_tokens(self) -> int:
+        """Ids of the environment's replies in the completion (the ``"env"`` suffix renders: tool results, user
+        feedback and the chat template's markup around them and the next generation prompt); the prompt's ids are
+        not counted. ``num_sampled_tokens + num_env_tokens == completion_ids.numel()``."""
         return sum(len(s.ids) for s in self.segments if s.source == "env")
 
     def text(self, tokenizer: Any) -> str:

@@ -118,6 +118,16 @@ class Environment:
         (``{"role": "assistant", "content": <decoded text of the sampled ids, skip_special_tokens=True>}``).
 
         Must not raise for anything the model wrote (bad markup, wrong answers): turn it into messages / rewards.
+
+        Returns:
+            An :class:`EnvStep`: the new messages (roles ``"system"``, ``"user"`` or ``"tool"``, ``str`` content;
+            rendered after the turn, then the model answers) or ``[]`` with ``done=True``; the step's ``reward``
+            (a finite number; the episode's reward is the sum over its steps); ``done``; and ``info`` (optional
+            statistics and the ``"reason"`` the episode ended).
+
+        Raises:
+            NotImplementedError: not overridden (the episode engine's setup reports it first:
+                :meth:`~lit_llm.rollouts.EpisodeEngine.check_environment`).
         """
         raise NotImplementedError(f"{type(self).__name__} must implement step(messages) -> EnvStep.")
 

@@ -102,7 +102,19 @@ class ToolEnv(Environment):
     reset._keeps_row = True  # type: ignore[attr-defined]
 
     def score(self, answer: str, row: Mapping[str, Any]) -> float:
-        """The reward of the final answer ``answer`` (the last assistant turn's text) for dataset row ``row``."""
+        """The reward of the final answer ``answer`` (the text of the first assistant turn without a tool call,
+        decoded with ``skip_special_tokens=True``) for dataset row ``row`` (the one :meth:`reset` got). Subclasses
+        implement it; it ends the episode (reason ``"answer"``).
+
+        Returns:
+            The reward: a finite real number (``int`` / ``float`` / a NumPy scalar), e.g. 1.0 for a correct answer
+            and 0.0 otherwise, on every path; :meth:`step` raises ``TypeError`` for anything else (``None``, a
+            ``bool``, a string) and ``ValueError`` for NaN / infinity, both naming ``<Class>.score``.
+
+        Raises:
+            NotImplementedError: not overridden (the episode engine's setup reports it first:
+                :meth:`~lit_llm.rollouts.EpisodeEngine.check_environment`).
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement score(answer, row) -> float.")
 
     @property
