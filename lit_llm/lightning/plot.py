@@ -508,7 +508,8 @@ def _figure(panels: dict[str, list[Series]], constants: dict[str, float], title:
         ax.grid(True, alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.xaxis.set_tick_params(labelbottom=True)  # sharex hides inner tick labels; keep them on every panel
-        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4))
+        # no offset: a near-constant series (entropy 10.78980 .. 10.78981) reads 10.7898, not "1e-5+1.07898e1"
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4), useOffset=False)
         if len(series) > 1 or series[0].label != panel:
             ax.legend(fontsize=7, loc="best")
     for ax in axes[:n]:

@@ -376,6 +376,21 @@ def test_step_ticks_are_integers_and_shared(tmp_path):
     assert "Constant (no panel): train/lr = 0.001" in fig._supxlabel.get_text()
 
 
+def test_near_constant_series_have_no_offset_notation():
+    """Entropy 10.78980 .. 10.78983 reads as itself on the y axis, not as an offset "1e-5+1.07898e1"."""
+    rows = [{"step": s, "train/entropy": 10.7898 + 1e-5 * s, "train/loss": 1.0 / (s + 1)} for s in range(4)]
+    fig = plot_mod._figure(collect_panels(_parse(rows)), {}, "t")
+    fig.canvas.draw()
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+    entropy = axes["Entropy"]
+    assert entropy.yaxis.get_major_formatter().get_useOffset() is False
+    assert entropy.yaxis.get_offset_text().get_text() == ""
+    low, high = entropy.get_ylim()
+    labels = [t.get_text() for t, v in zip(entropy.get_yticklabels(), entropy.get_yticks()) if low <= v <= high]
+    assert labels and all(label.startswith("10.7898") for label in labels), labels
+    assert all(ax.yaxis.get_major_formatter().get_useOffset() is False for ax in axes.values())
+
+
 def test_plot_sft_run_custom_out_and_main(tmp_path, capsys):
     log = _write_csv(tmp_path / "lightning_logs" / "version_0" / "metrics.csv", sft_rows(range(10)))
     result = plot_training_curves(log, tmp_path / "figs" / "sft.png")
