@@ -247,6 +247,15 @@ class EpisodeEngine(RolloutEngine):
             env.tool_timeout = self.tool_timeout
         return env
 
+    def _with_fresh_env(self, check: Callable[[Any], None]) -> None:
+        """Run ``check`` on a fresh environment from :meth:`make_env`, closed (``close()``, when it has one) after."""
+        env = self.make_env()
+        try:
+            check(env)
+        finally:
+            if callable(getattr(env, "close", None)):
+                env.close()
+
     def check_environment(self, env: Any = None) -> None:
         """Check that the environment's class implements what episodes call
         (:func:`~lit_llm.rollouts.envs.base.unimplemented_method`): ``step`` for an
@@ -260,12 +269,7 @@ class EpisodeEngine(RolloutEngine):
             RolloutError: naming the class and the method to write.
         """
         if env is None:
-            env = self.make_env()
-            try:
-                return self.check_environment(env)
-            finally:
-                if callable(getattr(env, "close", None)):
-                    env.close()
+            return self._with_fresh_env(self.check_environment)
         method = unimplemented_method(env)
         if method is not None:
             name, base = _env_name(env), "ToolEnv" if method.startswith("score") else "Environment"
@@ -285,12 +289,7 @@ class EpisodeEngine(RolloutEngine):
             RolloutError: naming the environment, the missing columns and ``source``'s columns.
         """
         if env is None:
-            env = self.make_env()
-            try:
-                return self.check_columns(columns, source=source, env=env)
-            finally:
-                if callable(getattr(env, "close", None)):
-                    env.close()
+            return self._with_fresh_env(lambda e: self.check_columns(columns, source=source, env=e))
         have = {"prompt", "sample_id", *columns}
         missing = [c for c in getattr(env, "required_columns", ()) or () if c not in have]
         if missing:
