@@ -37,6 +37,7 @@ Async rollouts                     ``train/staleness``, ``train/dropped_rollouts
 Gradient norm                      ``train/grad_norm``                                                    L2 norm
 Learning rate                      ``train/lr``, ``lr-<Optimizer>`` (LearningRateMonitor)                 lr
 Skipped steps                      ``train/skipped_steps`` (non-finite steps skipped)                     count
+Host memory                        ``memory/host_rss_gib``, ``memory/host_peak_rss_gib``                  GiB
 =================================  =====================================================================  ==========
 
 A column goes to the first spec of that list whose pattern it matches; a spec's named group ``label`` (when it has
@@ -145,6 +146,7 @@ PANEL_SPECS: tuple[PanelSpec, ...] = (
     PanelSpec("Gradient norm", "gradient L2 norm (before clipping)", r"(^|/)grad_norm$"),
     PanelSpec("Learning rate", "learning rate", r"((^|/)lr$|(^|/)learning_rate$|^lr-)"),
     PanelSpec("Skipped steps", "non-finite steps skipped (cumulative)", r"(^|/)skipped_steps$"),
+    PanelSpec("Host memory", "resident set (GiB)", r"^memory/(?P<label>host_(peak_)?rss_gib)$"),
 )
 """Panels in display order; a column goes to the first that matches (see the module docstring)."""
 

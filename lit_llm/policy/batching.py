@@ -220,6 +220,12 @@ class _Batcher:
                 self._thread.start()
             self._cond.notify_all()
 
+    def set_min_batch_size(self, rows: int) -> None:
+        """Change the rows that trigger a batch; a batch already that large runs at once."""
+        with self._cond:
+            self.min_batch_size = rows
+            self._cond.notify_all()
+
     def is_worker_thread(self) -> bool:
         return self._thread is threading.current_thread()
 
@@ -552,6 +558,25 @@ class BatchingMixin:
         """
         if self._batcher is not None:
             self._batcher.shutdown(flush=flush)
+
+    def set_min_batch_size(self, rows: int) -> None:
+        """Change, while batching is on, how many queued rows trigger a shared forward pass (this wrapper's queue and
+        worker; the settings a new version copies are unchanged). For callers in lock-step, such as episodes taking
+        turns: the caller that knows how many of them are still running lowers it as they finish, so every round
+        runs as soon as all live callers have queued, without waiting ``batching_timeout`` for finished ones.
+
+        Raises:
+            ValueError: batching is off; ``rows`` is not an integer >= 1, or exceeds ``max_batch_size``.
+        """
+        if self._batcher is None:
+            raise ValueError("set_min_batch_size: batching is off on this wrapper; turn it on first (batching=True or "
+                             "get_new_version(batching=True, min_batch_size=...)).")
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"set_min_batch_size: rows must be an integer >= 1, got {rows!r}.")
+        if self._batcher.max_batch_size is not None and rows > self._batcher.max_batch_size:
+            raise ValueError(f"set_min_batch_size: {rows} rows exceed max_batch_size={self._batcher.max_batch_size}; "
+                             f"pass at most max_batch_size.")
+        self._batcher.set_min_batch_size(int(rows))
 
     def get_batching_state(self) -> dict[str, Any]:
         """Monitoring snapshot.

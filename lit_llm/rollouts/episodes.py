@@ -18,10 +18,9 @@ environment ids (attended to, never trained); generation-time log-probs on sampl
 
 :class:`EpisodeEngine` runs ``P`` prompts x ``num_generations`` episodes, each in its own worker thread; every model
 turn calls the generate version through the wrapper's threaded batcher, so turns of different episodes share forward
-passes. Batcher settings (measured, see :data:`EPISODE_BATCHING_TIMEOUT`): ``min_batch_size`` = the number of
-episode threads, ``batching_timeout`` short. All episodes start together, so every first turn runs in one batch; a
-later batch waits at most the timeout for the turns still coming (episodes that have ended never come), so live
-episodes stay in lock-step without stalling on finished ones.
+passes in lock-step rounds: ``min_batch_size`` follows the number of episodes still running, so each round is one
+batch of every live episode's turn whatever the threads' timing, and ``batching_timeout``
+(:data:`EPISODE_BATCHING_TIMEOUT`, measured) only bounds the wait for an environment step slower than it.
 
 Modules, one job each (every name is importable from here too): :mod:`~lit_llm.rollouts.episode_renderer` (the
 renders), :mod:`~lit_llm.rollouts.trajectory` (:class:`Segment`, :class:`Trajectory`),
@@ -70,19 +69,18 @@ from lit_llm.rollouts.trajectory import EPISODE_STAT_KEYS, Segment, Trajectory
 __all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "ENGINE_REASONS", "EPISODE_BATCHING_TIMEOUT",
            "EPISODE_STAT_KEYS", "EpisodeEngine", "EpisodeRenderer", "Segment", "Trajectory", "run_episode", "turn_seed"]
 
-#: Seconds a queued turn waits for the turns of other episodes before its batch runs (the batcher's
-#: ``batching_timeout``; ``min_batch_size`` is the number of episode threads, so a batch starts early only when
-#: every episode's turn is queued, i.e. in the first round). The timeout must exceed the spread of the environment
-#: steps within a round (then every round of turns is one forward batch) and is paid at most once per round once some
-#: episodes have ended. Measured (issue 16) with 32 episodes of 1-6 turns, environment steps
-#: of 0-20 ms, two rollouts each: tiny model -- 1 ms: 27 batches of 7.7 rows, 10 ms: 23 of 9.0, **50 ms: 12 of 17.3
-#: (one batch per round)**, 200 ms: 12 of 17.3 but 2.0 s instead of 0.9 s wall, 1 s: 5.7 s wall; ``min_batch_size=1``
-#: (plain FIFO) at any timeout: ~27 batches of 7.7 rows (each round splits into two alternating halves). Bigger
-#: batches pay on the CPU too: SmolLM2-135M, 16 new tokens, 2 loaded cores, best of 4: ~640 ms per row at 8 rows,
-#: ~430 at 16, ~395 at 32 (wall-clock rollouts of that model on the loaded machine varied 80-265 s run to run, so
-#: only the batch counts are conclusive). 50 ms keeps rounds together for steps up to tens of milliseconds at a cost
-#: of at most 50 ms per round; raise it for slower tools (tools longer than it split a round in two batches).
-EPISODE_BATCHING_TIMEOUT = 0.05
+#: Seconds a queued turn waits for the turns of other episodes before its batch runs anyway (the batcher's
+#: ``batching_timeout``). A round's batch normally runs when every live episode has queued its turn
+#: (:meth:`EpisodeEngine.run_episodes` keeps ``min_batch_size`` at the episodes still running), so the timeout is only
+#: reached when an environment step (a tool, a user simulator) or the first render of a round takes longer than it;
+#: then the round splits, and each split costs a whole extra turn of generation. Measured (issue 16, SmolLM2-135M,
+#: calculator episodes, 32 per step, 2-core CPU, bf16-mixed): with the earlier fixed ``min_batch_size`` = 32 and a
+#: 50 ms timeout, the 32 first renders did not all queue within 50 ms and first rounds split (24 + 8, 11 + 21 rows),
+#: 5-6 batches and 28-46 s of generation per step where 3 batches of the same episodes need ~14 s; the batch
+#: composition, hence the bf16 rounding and the trajectory, then depended on thread timing. 1 s covers the first
+#: renders and fast tools with room to spare; a slower tool holds its round at most this long (raise it for tools
+#: that are slower than a turn of generation, lower it for tools that are slow and rare).
+EPISODE_BATCHING_TIMEOUT = 1.0
 
 
 def _episode_note(i: int, n: int, row: Any, num_generations: int) -> str:
@@ -311,8 +309,13 @@ class EpisodeEngine(RolloutEngine):
         """Run episode ``i`` of ``envs[i]`` on ``rows[i]`` (seed ``seeds[i]``) for every ``i``.
 
         With :attr:`batching`, one thread per episode (at most :attr:`num_workers`), every turn through the batching
-        version of the policy (``min_batch_size`` = the threads, ``batching_timeout`` = :attr:`batching_timeout`,
-        ``batch_order`` = the episode index); otherwise one episode after the other with direct calls.
+        version of the policy in **lock-step rounds**: its ``min_batch_size`` is the number of episodes still running
+        (at most the threads; lowered as episodes end, :meth:`~lit_llm.policy.batching.BatchingMixin.
+        set_min_batch_size`), so a batch runs once every live episode has queued its turn, ordered by ``batch_order``
+        = the episode index; ``batching_timeout`` = :attr:`batching_timeout` only bounds the wait for an episode
+        whose environment step is slower than it. Each round's batch is then the same whatever the threads' timing,
+        so rollouts are reproducible (seeded sampling, no timeout reached). Without batching, one episode after the
+        other with direct calls.
 
         Args:
             envs, rows, seeds: one entry per episode.
@@ -336,8 +339,27 @@ class EpisodeEngine(RolloutEngine):
         context = caller_context(device_type)
         stop = threading.Event()
         errors: list[tuple[int, BaseException]] = []
+        remaining, count_lock = [n], threading.Lock()
+        # lock-step rounds: a batch runs once every episode still running has queued its turn (a policy without
+        # set_min_batch_size keeps min_batch_size = the threads: later rounds then wait for the timeout)
+        set_min = getattr(policy, "set_min_batch_size", None) if batched else None
+        if set_min is not None:
+            set_min(size)
+
+        def finished() -> None:
+            with count_lock:  # in order: a later, smaller count never gets overwritten by an earlier one
+                remaining[0] -= 1
+                running = min(workers, remaining[0])
+                if set_min is not None and running >= 1:
+                    set_min(min(running, size))
 
         def one(i: int) -> Trajectory | None:
+            try:
+                return run_one(i)
+            finally:
+                finished()
+
+        def run_one(i: int) -> Trajectory | None:
             if stop.is_set():
                 return None
             try:

@@ -197,6 +197,32 @@ def test_min_batch_size_collects_concurrent_callers():
     assert p.get_batching_state()["batches_run"] == 1 and p.get_batching_state()["rows_run"] == 4
 
 
+def test_set_min_batch_size_releases_a_waiting_batch_and_is_checked():
+    # 2 callers queued under min_batch_size 4 (timeout far away): lowering it to 2 runs them at once, together
+    p = FakePolicy(min_batch_size=4, max_batch_size=6, batching_timeout=60.0)
+    threads = [threading.Thread(target=lambda k=k: p(row(k))) for k in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while p.get_batching_state()["queue_size"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert p.batch_sizes == [] and p.get_batching_state()["queue_size"] == 2
+    t0 = time.monotonic()
+    p.set_min_batch_size(2)
+    for t in threads:
+        t.join(30)
+    assert time.monotonic() - t0 < 10 and p.batch_sizes == [2]
+    assert p.get_batching_state()["min_batch_size"] == 2
+    assert p._batching_settings()["min_batch_size"] == 4  # a new version still gets the configured size
+    for bad, match in ((0, r"rows must be an integer >= 1, got 0"), (None, r"got None"),
+                       (2.5, r"got 2.5"), (True, r"got True"), (7, r"7 rows exceed max_batch_size=6")):
+        with pytest.raises(ValueError, match=match):
+            p.set_min_batch_size(bad)
+    off = FakePolicy(batching=False)
+    with pytest.raises(ValueError, match="set_min_batch_size: batching is off"):
+        off.set_min_batch_size(2)
+
+
 def test_request_larger_than_max_is_split_and_reassembled():
     p = FakePolicy(max_batch_size=4)
     out = p(rows(*[(k, k) for k in range(10)]))

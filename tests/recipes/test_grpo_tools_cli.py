@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 EPISODE_METRICS = ("train/episodes/turns_mean", "train/episodes/turns_max", "train/episodes/tool_calls_mean",
@@ -59,6 +60,10 @@ def check_episode_run(log_dir: Path, steps: int) -> list[dict[str, str]]:
     for key in EPISODE_METRICS:
         assert all(math.isfinite(float(r[key])) for r in train), key
     assert all(1 <= float(r["train/episodes/turns_mean"]) <= float(r["train/episodes/turns_max"]) for r in train)
+    # the host-memory release ran after every step (PolicyModule.release_host_memory logs its figures)
+    steps_logged = [r for r in rows if r.get("memory/host_rss_gib")]
+    assert len(steps_logged) == steps
+    assert all(0 < float(r["memory/host_rss_gib"]) <= float(r["memory/host_peak_rss_gib"]) for r in steps_logged)
     evals = [r for r in rows if r.get("eval/env_reward")]
     assert evals and all(0 <= float(r[k]) <= 3 for r in evals for k in EVAL_METRICS)
     samples = read_csv(log_dir / "eval_samples.csv")
@@ -79,6 +84,65 @@ def test_grpo_tools_tiny_config_logs_episode_metrics(tmp_path):
     samples = check_episode_run(tmp_path / "csv" / "version_0", 4)
     assert samples[0]["sample_id"] == "calculator-eval:0"
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+def test_shipped_tiny_config_calls_the_calculator_tool(tmp_path, tokenizer, monkeypatch):
+    """configs/grpo_tools_tiny.yaml as shipped, in-process, with the model's turns scripted (the random tiny model
+    never writes a tool call): every episode's first turn calls ``calculator`` on the question's expression, the
+    second answers with the tool's result. The environment's ``step`` runs after each model turn, the tool result
+    comes back as a tool message, the answer is scored exactly: training and greedy evaluation episodes all end
+    with reward 1.0 after 2 turns and 1 successful call. The real generate version still runs every turn (through
+    the threaded batcher); only the ids it returns are replaced."""
+    from lit_llm.lightning.cli import main
+    from lit_llm.rollouts import episodes
+    from lit_llm.rollouts.envs.calculator import CalculatorEnv
+
+    real_responses = episodes.policy_responses
+
+    def scripted(policy, prompts, *, seeds=None, batch_order=None):
+        real_responses(policy, prompts, seeds=seeds, batch_order=batch_order)  # the batcher's shared passes
+        ids, lps = [], []
+        for prompt in prompts:
+            text = tokenizer.decode(prompt.tolist())
+            results = re.findall(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", text, flags=re.S)
+            if results:
+                reply = f"The answer is {results[-1].strip()}.<|im_end|>"
+            else:
+                expression = re.findall(r"What is (.+?)\? Use the calculator", text)[-1]
+                reply = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "' + expression +
+                         '"}}\n</tool_call><|im_end|>')
+            ids.append(torch.tensor(tokenizer.encode(reply, add_special_tokens=False), dtype=torch.long))
+            lps.append(torch.full((len(ids[-1]),), -1.0))
+        return ids, lps, [False] * len(prompts)
+
+    steps: list[int] = []
+    real_step = CalculatorEnv.step
+
+    def counted_step(self, messages):
+        steps.append(1)
+        return real_step(self, messages)
+
+    monkeypatch.setattr(episodes, "policy_responses", scripted)
+    monkeypatch.setattr(CalculatorEnv, "step", counted_step)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", ["lit-llm"])
+    main(["fit", "--config", str(ROOT / "configs" / "grpo_tools_tiny.yaml"), "--trainer.default_root_dir",
+          str(tmp_path), "--trainer.enable_progress_bar", "false"])
+    rows = read_csv(tmp_path / "csv" / "version_0" / "metrics.csv")
+    train = [r for r in rows if r.get("train/reward")]
+    evals = [r for r in rows if r.get("eval/env_reward")]
+    assert len(train) == 4 and len(evals) == 3  # steps 1-4; evaluations at steps 0, 2, 4
+    for r in train:
+        assert float(r["train/episodes/tool_call_rate"]) == 1.0 and float(r["train/episodes/tool_success_rate"]) == 1.0
+        assert float(r["train/episodes/turns_mean"]) == 2.0 and float(r["train/rewards/env/mean"]) == 1.0
+        assert float(r["train/rewards/tool_call_format_reward/mean"]) == 1.0
+    for r in evals:
+        assert float(r["eval/env_reward"]) == 1.0 and float(r["eval/tool_call_rate"]) == 1.0
+        assert float(r["eval/turns"]) == 2.0
+    # two env steps per episode: 4 steps x 2 prompts x 4 generations in training, 3 x 4 held-out rows greedily
+    assert len(steps) == 2 * (4 * 2 * 4 + 3 * 4)
+    samples = read_csv(tmp_path / "csv" / "version_0" / "rollout_samples.csv")
+    assert all(s["tool_calls"] == "1" and s["tool_errors"] == "0" and float(s["env_reward"]) == 1.0 for s in samples)
 
 
 @pytest.mark.slow

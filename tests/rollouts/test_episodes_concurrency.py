@@ -132,6 +132,24 @@ def test_32_episodes_share_batches_and_each_gets_its_own_results(tiny, tokenizer
     engine.batched_policy(32, timeout=engine.batching_timeout).cleanup_batching(flush=True)
 
 
+def test_lock_step_rounds_one_batch_per_round_and_reproducible(tiny, tokenizer):
+    # min_batch_size follows the episodes still running: each round of turns is ONE forward batch of every live
+    # episode (32, 26, 20, 14, 8, 4 rows for turns 1-6), whatever the threads' timing, so two rollouts with the same
+    # seeds are identical (the timeout, far away here, is never what starts a batch)
+    engine = tiny_engine(tiny, tokenizer, batching_timeout=60.0)
+    batch = {"prompt": [f"Episode {k}" for k in range(16)], "turns": [1 + k % 6 for k in range(16)]}
+    a = run_with_deadline(lambda: engine.rollout(batch, step=3), 120)
+    policy = engine.batched_policy(32, timeout=60.0)
+    state = policy.get_batching_state()
+    assert [e["turns"] for e in a.episodes] == [1 + (i // 2) % 6 for i in range(32)]
+    assert state["batches_run"] == 6 and state["rows_run"] == 32 + 26 + 20 + 14 + 8 + 4, state
+    b = run_with_deadline(lambda: engine.rollout(batch, step=3), 120)
+    assert policy.get_batching_state()["batches_run"] == 12
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.old_log_probs, b.old_log_probs)
+    assert state["min_batch_size"] == 1  # lowered as the last episodes ended; the next rollout starts again at 32
+    policy.cleanup_batching(flush=True)
+
+
 def test_sequential_episodes_are_bit_reproducible(tiny, tokenizer):
     engine = tiny_engine(tiny, tokenizer, batching=False)
     batch = {"prompt": [f"Episode {k}" for k in range(3)], "turns": [3, 1, 2]}
