@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 import lit_llm.lightning.module as module_mod
 from lit_llm.lightning.datamodules import SFTDataModule
-from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes, trim_host_memory
+from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes
 from lit_llm.lightning.module import SFTModule
 
 linux_glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
