@@ -11,8 +11,9 @@ bf16-mixed, 2-core CPU): without trimming, after the first optimizer step the pr
 ``malloc_trim(0)`` (glibc >= 2.8 also releases free pages in the middle of every arena, not only at the heap top)
 after the step brought the same process from 5.9 to 2.2 GB in ~0.3 s (docs/results/grpo_calculator.md, "Memory").
 
-:func:`trim_host_memory` is called by :class:`~lit_llm.lightning.module.PolicyModule` after every optimizer step and
-after every validation loop when the module runs on the CPU. Elsewhere than glibc (macOS, Windows, musl) it does
+:func:`trim_host_memory` is called by :class:`~lit_llm.lightning.module.PolicyModule` on the CPU after optimizer steps
+and after GRPO rollouts (at most every 30 s: :meth:`~lit_llm.lightning.module.PolicyModule.release_host_memory`) and
+after every validation loop. Elsewhere than glibc (macOS, Windows, musl) it does
 nothing and returns ``False``.
 """
 

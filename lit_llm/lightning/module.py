@@ -492,7 +492,8 @@ class PolicyModule(LightningModule):
         at most every :attr:`host_memory_release_interval` seconds unless ``force``; then read the figures logged
         each step: ``memory/host_rss_gib`` (this process's resident set after the release, GiB) and
         ``memory/host_peak_rss_gib`` (its peak so far, ``getrusage`` ``ru_maxrss``, GiB). Called after every
-        optimizer step and (forced) after every validation loop. Returns ``{}`` without procfs; on a GPU nothing is
+        optimizer step, by :class:`~lit_llm.lightning.grpo.GRPOModule` after taking each rollout (before the loss),
+        and (forced) after every validation loop. Returns ``{}`` without procfs; on a GPU nothing is
         released (the activations are not in host memory) and the figures are still returned."""
         now = time.perf_counter()
         due = force or self._last_trim is None or now - self._last_trim >= self.host_memory_release_interval
