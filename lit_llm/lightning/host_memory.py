@@ -4,23 +4,23 @@ resident set size for the dashboards.
 Why: PyTorch's CPU allocator returns tensors to glibc's ``malloc``, which keeps freed blocks in its arenas for reuse
 instead of returning the pages (only blocks above the dynamic mmap threshold, at most 32 MiB, go straight back). A
 training step allocates and frees gigabytes of activations of sizes that change from step to step (rollouts of
-different lengths), and rollout workers and episodes allocate from up to ``8 x cores`` per-thread arenas, so the
-free-but-held memory grows run after run. Measured on the tool-using calculator config (issue 16, SmolLM2-135M,
-bf16-mixed, 2-core CPU): without trimming, after the first optimizer step the process held 7.1 GB resident with
-1.4 GB in live allocations and 4.9 GB free inside the arenas; the full 30-step run peaked at 15.2 GB.
-``malloc_trim(0)`` (glibc >= 2.8 also releases free pages in the middle of every arena, not only at the heap top)
-after the step brought the same process from 5.9 to 2.2 GB in ~0.3 s (docs/results/grpo_calculator.md, "Memory").
+different lengths), and rollout workers and episodes allocate from up to ``8 x cores`` per-thread arenas, whose free
+blocks the training thread cannot reuse, so the free-but-held memory grows. Measured on the tool-using calculator
+config (issue 16, SmolLM2-135M, bf16-mixed, 2-core CPU; docs/results/grpo_calculator.md, "Memory"): without
+releases, after the first optimizer step the process held 7.1 GB resident of which 1.4 GB were live allocations and
+4.9 GB free blocks inside the arenas, and the 30-step run peaked at 15.2 GB; ``malloc_trim(0)`` after a step (glibc
+>= 2.8 also releases free pages in the middle of every arena, not only at the heap top) took the process from 5.9 to
+2.2 GB in ~0.3 s.
 
 :func:`trim_host_memory` is called by :class:`~lit_llm.lightning.module.PolicyModule` on the CPU after optimizer steps
-and after GRPO rollouts (at most every 30 s: :meth:`~lit_llm.lightning.module.PolicyModule.release_host_memory`) and
-after every validation loop. Elsewhere than glibc (macOS, Windows, musl) it does
-nothing and returns ``False``.
+and after GRPO rollouts (at most every 30 s per call site: :meth:`~lit_llm.lightning.module.PolicyModule.
+release_host_memory`) and after every validation loop. Elsewhere than glibc (macOS, Windows, musl) it does nothing
+and returns ``False``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 from functools import cache
@@ -35,8 +35,7 @@ def _malloc_trim() -> Any:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.malloc_trim
+        fn = ctypes.CDLL(None).malloc_trim  # the process's own C library (no ldconfig lookup)
     except (OSError, AttributeError):  # musl and other C libraries without malloc_trim
         return None
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int

@@ -201,7 +201,7 @@ class PolicyModule(LightningModule):
         self.register_buffer("trained_tokens", torch.zeros((), dtype=torch.float64))
         self.register_buffer("skipped_steps", torch.zeros((), dtype=torch.long))
         self._step_start: float | None = None
-        self._last_trim: float | None = None  # perf_counter of the last host-memory release
+        self._last_trim: dict[str, float] = {}  # perf_counter of the last host-memory release, per call site
 
     # ----------------------------------------------------------------------------------------------- optimizer
     def configure_optimizers(self) -> Any:
@@ -479,27 +479,31 @@ class PolicyModule(LightningModule):
 
     def on_validation_end(self) -> None:
         """Give the evaluation's freed host memory back (:meth:`release_host_memory`, always)."""
-        self.release_host_memory(force=True)
+        self.release_host_memory(force=True, site="validation")
 
-    #: Least time between two host-memory releases after training steps (seconds): bounds their cost (the release
-    #: plus faulting the pages in again, ~0.3-0.6 s per ~4 GB) to a few percent of the wall time on short steps.
+    #: Least time between two host-memory releases at one call site (seconds): bounds their cost (the release plus
+    #: faulting the pages in again, ~0.3-0.6 s per ~4 GB) to a few percent of the wall time on short steps.
     host_memory_release_interval: float = 30.0
 
-    def release_host_memory(self, *, force: bool = False) -> dict[str, float]:
+    def release_host_memory(self, *, force: bool = False, site: str = "step") -> dict[str, float]:
         """On the CPU, return glibc's free heap pages to the operating system
         (:func:`~lit_llm.lightning.host_memory.trim_host_memory`: without it a run's resident memory grows with the
-        arenas' free blocks: 15.2 GB for the calculator agent config, where the step's live tensors need ~4.5 GB),
-        at most every :attr:`host_memory_release_interval` seconds unless ``force``; then read the figures logged
-        each step: ``memory/host_rss_gib`` (this process's resident set after the release, GiB) and
-        ``memory/host_peak_rss_gib`` (its peak so far, ``getrusage`` ``ru_maxrss``, GiB). Called after every
-        optimizer step, by :class:`~lit_llm.lightning.grpo.GRPOModule` after taking each rollout (before the loss),
-        and (forced) after every validation loop. Returns ``{}`` without procfs; on a GPU nothing is
-        released (the activations are not in host memory) and the figures are still returned."""
+        arenas' free blocks: 15.2 GB for the calculator agent config) when due: always with ``force``, else when
+        the last release at this call site ``site`` is at least :attr:`host_memory_release_interval` seconds old
+        (each site has its own clock, so on long steps every site releases every step). Then read the figures
+        logged each step: ``memory/host_rss_gib`` (this process's resident set, GiB) and
+        ``memory/host_peak_rss_gib`` (its peak so far, ``getrusage`` ``ru_maxrss``, GiB).
+
+        Call sites: ``"step"`` after every optimizer step (:meth:`on_train_batch_end`), ``"rollout"`` after
+        :class:`~lit_llm.lightning.grpo.GRPOModule` takes each rollout (before the loss: the rollout's tensors were
+        freed in the generation threads' arenas, which the loss's allocations cannot reuse), ``"validation"``
+        (forced) after every validation loop. Returns ``{}`` without procfs; on a GPU nothing is released (the
+        activations are not in host memory) and the figures are still returned."""
         now = time.perf_counter()
-        due = force or self._last_trim is None or now - self._last_trim >= self.host_memory_release_interval
-        if self.device.type == "cpu" and due:
+        last = self._last_trim.get(site)
+        if self.device.type == "cpu" and (force or last is None or now - last >= self.host_memory_release_interval):
             trim_host_memory()
-            self._last_trim = now
+            self._last_trim[site] = now
         rss, peak = host_rss_bytes(), host_peak_rss_bytes()
         if rss is None or peak is None:
             return {}

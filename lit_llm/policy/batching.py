@@ -560,10 +560,12 @@ class BatchingMixin:
             self._batcher.shutdown(flush=flush)
 
     def set_min_batch_size(self, rows: int) -> None:
-        """Change, while batching is on, how many queued rows trigger a shared forward pass (this wrapper's queue and
-        worker; the settings a new version copies are unchanged). For callers in lock-step, such as episodes taking
-        turns: the caller that knows how many of them are still running lowers it as they finish, so every round
-        runs as soon as all live callers have queued, without waiting ``batching_timeout`` for finished ones.
+        """Change, while batching is on, how many queued rows trigger a shared forward pass (the queue and worker this
+        wrapper uses: with ``share_batching_state=True`` every wrapper sharing them; the settings a new version copies
+        are unchanged). For callers in lock-step, such as episodes taking turns: the one caller that knows how many
+        of them are still running lowers it as they finish, so every round runs as soon as all live callers have
+        queued, without waiting ``batching_timeout`` for finished ones. Two such callers on one queue would
+        overwrite each other's count: give each its own batching version.
 
         Raises:
             ValueError: batching is off; ``rows`` is not an integer >= 1, or exceeds ``max_batch_size``.
@@ -571,8 +573,7 @@ class BatchingMixin:
         if self._batcher is None:
             raise ValueError("set_min_batch_size: batching is off on this wrapper; turn it on first (batching=True or "
                              "get_new_version(batching=True, min_batch_size=...)).")
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise ValueError(f"set_min_batch_size: rows must be an integer >= 1, got {rows!r}.")
+        _check_batch_size("min_batch_size", rows if rows is not None else 0, minimum=1)
         if self._batcher.max_batch_size is not None and rows > self._batcher.max_batch_size:
             raise ValueError(f"set_min_batch_size: {rows} rows exceed max_batch_size={self._batcher.max_batch_size}; "
                              f"pass at most max_batch_size.")

@@ -314,8 +314,9 @@ class EpisodeEngine(RolloutEngine):
         set_min_batch_size`), so a batch runs once every live episode has queued its turn, ordered by ``batch_order``
         = the episode index; ``batching_timeout`` = :attr:`batching_timeout` only bounds the wait for an episode
         whose environment step is slower than it. Each round's batch is then the same whatever the threads' timing,
-        so rollouts are reproducible (seeded sampling, no timeout reached). Without batching, one episode after the
-        other with direct calls.
+        so rollouts are reproducible (seeded sampling, no timeout reached, ``max_batch_size`` unset or at least the
+        episodes running: a smaller one splits rounds by arrival). One ``run_episodes`` at a time per engine (its
+        batching version's count is shared). Without batching, one episode after the other with direct calls.
 
         Args:
             envs, rows, seeds: one entry per episode.
@@ -376,8 +377,12 @@ class EpisodeEngine(RolloutEngine):
                 return None
 
         if batched:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lit_llm-episode") as pool:
-                results = list(pool.map(one, range(n)))
+            try:
+                with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lit_llm-episode") as pool:
+                    results = list(pool.map(one, range(n)))
+            finally:
+                if set_min is not None:
+                    set_min(size)  # back to the configured size between rollouts
         else:
             results = [one(i) for i in range(n)]
         if errors:

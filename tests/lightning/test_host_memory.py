@@ -116,8 +116,10 @@ def test_release_is_skipped_off_the_cpu(monkeypatch):
         assert set(figures) == {"memory/host_rss_gib", "memory/host_peak_rss_gib"}
 
 
-def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch):
-    # interval 0: a release after taking each rollout (before any micro-batch loss) and after each step
+@pytest.mark.parametrize("interval", [0.0, 1e9])
+def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch, interval):
+    # interval 0: a release after taking each rollout (before any micro-batch loss) and after each step; a long
+    # interval: each call site (rollout, step) releases once, on the first step (its own clock)
     from lit_llm.lightning.grpo import GRPOModule
     from lit_llm.lightning.grpo_data import GRPODataModule
 
@@ -132,10 +134,13 @@ def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch):
     monkeypatch.setattr(GRPOModule, "micro_batch_loss", loss)
     module = GRPOModule("tiny", reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
                         num_generations=2, max_new_tokens=3, micro_batch_size=4, log_samples_every=0)
-    module.host_memory_release_interval = 0.0
+    module.host_memory_release_interval = interval
     trainer = Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       limit_val_batches=0)
     trainer.fit(module, GRPODataModule(batch_size=2, num_train=8, num_eval=0))
     # per step: the rollout's release, the loss of its one micro-batch, the step's release
-    assert events == ["trim", "loss", "trim"] * 2
+    if interval == 0:
+        assert events == ["trim", "loss", "trim"] * 2
+    else:
+        assert events == ["trim", "loss", "trim", "loss"]

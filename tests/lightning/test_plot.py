@@ -582,3 +582,12 @@ def test_sft_tiny_cli_resumed_once_plot_joins_both_versions(tmp_path):
     expected = {**v0["train/loss"], **v1["train/loss"]}
     assert _curve(drawn["train/loss"]) == expected and len(expected) == 8
     assert result.resumed_at == [min(v1["train/loss"])]
+
+
+def test_host_memory_columns_share_one_panel():
+    rows = [{"step": "1", "memory/host_rss_gib": "2.5", "memory/host_peak_rss_gib": "7.0"},
+            {"step": "2", "memory/host_rss_gib": "2.25", "memory/host_peak_rss_gib": "8.5"}]
+    panels = collect_panels(rows)
+    assert list(panels) == ["Host memory"]
+    assert {s.label: s.values for s in panels["Host memory"]} == {"host_rss_gib": [2.5, 2.25],
+                                                                   "host_peak_rss_gib": [7.0, 8.5]}

@@ -214,7 +214,7 @@ def test_set_min_batch_size_releases_a_waiting_batch_and_is_checked():
     assert time.monotonic() - t0 < 10 and p.batch_sizes == [2]
     assert p.get_batching_state()["min_batch_size"] == 2
     assert p._batching_settings()["min_batch_size"] == 4  # a new version still gets the configured size
-    for bad, match in ((0, r"rows must be an integer >= 1, got 0"), (None, r"got None"),
+    for bad, match in ((0, r"min_batch_size must be an integer >= 1 \(or None\), got 0"), (None, r"got 0"),
                        (2.5, r"got 2.5"), (True, r"got True"), (7, r"7 rows exceed max_batch_size=6")):
         with pytest.raises(ValueError, match=match):
             p.set_min_batch_size(bad)

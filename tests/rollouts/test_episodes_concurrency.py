@@ -84,6 +84,17 @@ def tiny_engine(tiny, tokenizer, **kw):
     return EpisodeEngine(policy, tokenizer=tokenizer, env_factory=CountEnv, num_generations=2, seed=0, **kw)
 
 
+def settled_state(policy, *, batches, seconds=30.0):
+    """The batcher's state once it has counted ``batches`` (the worker counts a batch just after waking its callers,
+    so a caller may read the state a moment before)."""
+    deadline = time.monotonic() + seconds
+    state = policy.get_batching_state()
+    while state["batches_run"] < batches and time.monotonic() < deadline:
+        time.sleep(0.01)
+        state = policy.get_batching_state()
+    return state
+
+
 def run_with_deadline(fn, seconds):
     box = {}
     t = threading.Thread(target=lambda: box.setdefault("out", fn()), daemon=True)
@@ -109,7 +120,11 @@ def test_32_episodes_share_batches_and_each_gets_its_own_results(tiny, tokenizer
         assert f"Episode {(k + 1) % 16} again" not in text
         assert rb.episodes[i]["env_tokens"] > 0 or turns[i] == 1
     # shared forward passes: far fewer batches than turns (every turn is one row)
-    state = engine.batched_policy(32, timeout=engine.batching_timeout).get_batching_state()
+    policy = engine.batched_policy(32, timeout=engine.batching_timeout)
+    deadline = time.monotonic() + 30  # the worker counts a batch just after waking its callers
+    while policy.get_batching_state()["rows_run"] < sum(turns) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    state = policy.get_batching_state()
     assert engine.num_policy_calls == sum(turns) == state["rows_run"]
     assert state["batches_run"] <= sum(turns) // 4, state
     # each row's generation-time log-probs are the teacher-forced log-probs of its own trajectory
@@ -140,13 +155,13 @@ def test_lock_step_rounds_one_batch_per_round_and_reproducible(tiny, tokenizer):
     batch = {"prompt": [f"Episode {k}" for k in range(16)], "turns": [1 + k % 6 for k in range(16)]}
     a = run_with_deadline(lambda: engine.rollout(batch, step=3), 120)
     policy = engine.batched_policy(32, timeout=60.0)
-    state = policy.get_batching_state()
     assert [e["turns"] for e in a.episodes] == [1 + (i // 2) % 6 for i in range(32)]
+    state = settled_state(policy, batches=6)
     assert state["batches_run"] == 6 and state["rows_run"] == 32 + 26 + 20 + 14 + 8 + 4, state
+    assert state["min_batch_size"] == 32  # restored between rollouts
     b = run_with_deadline(lambda: engine.rollout(batch, step=3), 120)
-    assert policy.get_batching_state()["batches_run"] == 12
+    assert settled_state(policy, batches=12)["batches_run"] == 12
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.old_log_probs, b.old_log_probs)
-    assert state["min_batch_size"] == 1  # lowered as the last episodes ended; the next rollout starts again at 32
     policy.cleanup_batching(flush=True)
 
 
