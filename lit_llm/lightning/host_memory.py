@@ -8,7 +8,8 @@ different lengths), and rollout workers and episodes allocate from up to ``8 x c
 blocks the training thread cannot reuse, so the free-but-held memory grows. Measured on the tool-using calculator
 config (issue 16, SmolLM2-135M, bf16-mixed, 2-core CPU; docs/results/grpo_calculator.md, "Memory"): without
 releases, after the first optimizer step the process held 7.1 GB resident of which 1.4 GB were live allocations and
-4.9 GB free blocks inside the arenas, and the 30-step run peaked at 15.2 GB; ``malloc_trim(0)`` after a step (glibc
+4.9 GB free blocks inside the arenas, and the 30-step run peaked at 14.5 GiB (8.3 GiB with the releases);
+``malloc_trim(0)`` after a step (glibc
 >= 2.8 also releases free pages in the middle of every arena, not only at the heap top) took the process from 5.9 to
 2.2 GB in ~0.3 s.
 
