@@ -9,9 +9,8 @@ blocks the training thread cannot reuse, so the free-but-held memory grows. Meas
 config (issue 16, SmolLM2-135M, bf16-mixed, 2-core CPU; docs/results/grpo_calculator.md, "Memory"): without
 releases, after the first optimizer step the process held 7.1 GB resident of which 1.4 GB were live allocations and
 4.9 GB free blocks inside the arenas, and the 30-step run peaked at 14.5 GiB (8.3 GiB with the releases);
-``malloc_trim(0)`` after a step (glibc
->= 2.8 also releases free pages in the middle of every arena, not only at the heap top) took the process from 5.9 to
-2.2 GB in ~0.3 s.
+``malloc_trim(0)`` after a step (glibc >= 2.8 also releases free pages in the middle of every arena, not only at the
+heap top) took the process from 5.9 to 2.2 GB in ~0.3 s.
 
 :func:`trim_host_memory` is called by :class:`~lit_llm.lightning.module.PolicyModule` on the CPU after optimizer steps
 and after GRPO rollouts (at most every 30 s per call site: :meth:`~lit_llm.lightning.module.PolicyModule.
