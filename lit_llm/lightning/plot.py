@@ -525,12 +525,16 @@ def _figure(panels: dict[str, list[Series]], constants: dict[str, float], title:
 
 
 def _save(fig: Figure, out: Path, metadata: dict[str, str]) -> None:
-    """Write ``fig`` as a PNG at ``out`` atomically (temporary file in the same folder + rename)."""
+    """Write ``fig`` as a PNG at ``out`` atomically (temporary file in the same folder + rename), with the mode a plain
+    ``open`` gives (``0o666`` less the umask: ``mkstemp`` makes 0600)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format="png", dpi=100, metadata=metadata)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

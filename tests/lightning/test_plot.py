@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -398,6 +399,9 @@ def test_plot_sft_run_custom_out_and_main(tmp_path, capsys):
     assert result.titles == ["Loss", "Token accuracy", "Entropy", "Throughput", "Gradient norm"]
     assert result.constants == {"train/lr": 1e-4}
     assert _png(result.path)["Description"] == "panels: " + "; ".join(result.titles)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(result.path.stat().st_mode) == 0o666 & ~umask  # as a plain open() would, not mkstemp's 0600
 
     assert main([str(tmp_path / "lightning_logs")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "lightning_logs" / "training_curves.png")

@@ -201,6 +201,12 @@ def test_readme_agent_example_environment(tmp_path, monkeypatch):
     assert (final.reward, final.done, final.info["reason"]) == (1.0, True, "answer")
     assert env.step([*messages, {"role": "assistant", "content": "Mombasa."}]).reward == 0.0
     assert my_agent.capital_of("Atlantis") == "unknown country 'Atlantis'"
+    # the README's direct check of the tool (the tiny run never calls it) prints the tool message with the city
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    (snippet,) = re.findall(r"```python\n(from my_agent import.*?)```", text, flags=re.S)
+    printed: list = []
+    exec(snippet, {"print": printed.append})  # noqa: S102 - the README's own code
+    assert printed[0].messages == [{"role": "tool", "name": "capital_of", "content": "Lima"}]
 
 
 def test_readme_agent_example_trains(tmp_path):
