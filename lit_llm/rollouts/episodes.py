@@ -348,22 +348,18 @@ class EpisodeEngine(RolloutEngine):
             set_min(size)
 
         def finished() -> None:
+            if set_min is None:
+                return
             with count_lock:  # in order: a later, smaller count never gets overwritten by an earlier one
                 remaining[0] -= 1
                 running = min(workers, remaining[0])
-                if set_min is not None and running >= 1:
+                if running >= 1:
                     set_min(min(running, size))
 
         def one(i: int) -> Trajectory | None:
             try:
-                return run_one(i)
-            finally:
-                finished()
-
-        def run_one(i: int) -> Trajectory | None:
-            if stop.is_set():
-                return None
-            try:
+                if stop.is_set():
+                    return None
                 with in_context(context, device_type):
                     return run_episode(envs[i], rows[i], renderer=self.renderer,
                                        generate=self._generator(policy, i if batched else None),
@@ -375,6 +371,8 @@ class EpisodeEngine(RolloutEngine):
                 stop.set()
                 errors.append((i, e))
                 return None
+            finally:
+                finished()
 
         if batched:
             try:

@@ -80,6 +80,7 @@ def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, to
     module.host_memory_release_interval = interval
     dm = SFTDataModule(str(path), batch_size=2, micro_batch_size=2, val_fraction=0.34)
     dm.tokenizer = tokenizer
+
     class Count(Callback):
         def __init__(self) -> None:
             self.steps = self.validations = 0

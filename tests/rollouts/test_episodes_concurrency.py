@@ -84,12 +84,12 @@ def tiny_engine(tiny, tokenizer, **kw):
     return EpisodeEngine(policy, tokenizer=tokenizer, env_factory=CountEnv, num_generations=2, seed=0, **kw)
 
 
-def settled_state(policy, *, batches, seconds=30.0):
-    """The batcher's state once it has counted ``batches`` (the worker counts a batch just after waking its callers,
-    so a caller may read the state a moment before)."""
+def settled_state(policy, seconds=30.0, **at_least):
+    """The batcher's state once its counters reach ``at_least`` (e.g. ``batches_run=6``; the worker counts a batch
+    just after waking its callers, so a caller may read the state a moment before)."""
     deadline = time.monotonic() + seconds
     state = policy.get_batching_state()
-    while state["batches_run"] < batches and time.monotonic() < deadline:
+    while any(state[k] < v for k, v in at_least.items()) and time.monotonic() < deadline:
         time.sleep(0.01)
         state = policy.get_batching_state()
     return state
@@ -120,11 +120,7 @@ def test_32_episodes_share_batches_and_each_gets_its_own_results(tiny, tokenizer
         assert f"Episode {(k + 1) % 16} again" not in text
         assert rb.episodes[i]["env_tokens"] > 0 or turns[i] == 1
     # shared forward passes: far fewer batches than turns (every turn is one row)
-    policy = engine.batched_policy(32, timeout=engine.batching_timeout)
-    deadline = time.monotonic() + 30  # the worker counts a batch just after waking its callers
-    while policy.get_batching_state()["rows_run"] < sum(turns) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    state = policy.get_batching_state()
+    state = settled_state(engine.batched_policy(32, timeout=engine.batching_timeout), rows_run=sum(turns))
     assert engine.num_policy_calls == sum(turns) == state["rows_run"]
     assert state["batches_run"] <= sum(turns) // 4, state
     # each row's generation-time log-probs are the teacher-forced log-probs of its own trajectory
@@ -156,11 +152,11 @@ def test_lock_step_rounds_one_batch_per_round_and_reproducible(tiny, tokenizer):
     a = run_with_deadline(lambda: engine.rollout(batch, step=3), 120)
     policy = engine.batched_policy(32, timeout=60.0)
     assert [e["turns"] for e in a.episodes] == [1 + (i // 2) % 6 for i in range(32)]
-    state = settled_state(policy, batches=6)
+    state = settled_state(policy, batches_run=6)
     assert state["batches_run"] == 6 and state["rows_run"] == 32 + 26 + 20 + 14 + 8 + 4, state
     assert state["min_batch_size"] == 32  # restored between rollouts
     b = run_with_deadline(lambda: engine.rollout(batch, step=3), 120)
-    assert settled_state(policy, batches=12)["batches_run"] == 12
+    assert settled_state(policy, batches_run=12)["batches_run"] == 12
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.old_log_probs, b.old_log_probs)
     policy.cleanup_batching(flush=True)
 
