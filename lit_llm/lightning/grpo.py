@@ -324,6 +324,16 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             or class default; a one-time warning names both values when they differ); ``None`` (recommended): the
             environment's own.
         env_reward_weight: weight of the environment's reward (logged as ``train/rewards/env/mean``) in the total.
+        dynamic_sampling: DAPO's dynamic sampling (arXiv:2503.14476, verl's ``filter_groups``; sync rollouts): a
+            prompt group whose ``num_generations`` rewards are all equal has advantage 0 and only dilutes the step;
+            while fewer than ``data.batch_size`` groups of the step differ, the next prompt batches of the epoch are
+            rolled out too (``max_sampling_rounds`` rollouts per step at most), the informative groups are kept
+            (then zero-std ones if the rounds run out: the batch keeps its size) and the advantages recomputed over
+            the kept rows (:mod:`lit_llm.rollouts.dynamic_sampling`). Logged: ``train/sampling_rounds``;
+            ``train/frac_reward_zero_std`` stays the fraction over every group drawn, ``train/reward`` and the
+            reward means are the trained batch's. Costs generation time (each round is a rollout) and uses up the
+            epoch's prompts faster.
+        max_sampling_rounds: dynamic sampling: rollouts per step at most, the step's own included (>= 1).
 
     Raises:
         ValueError: invalid settings (named in the message), e.g. an episode option without ``environment`` or
@@ -361,7 +371,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  environment: EnvironmentConfig | EnvironmentSpec | None = None,
                  max_turns: int | None = None, max_tool_calling_iterations: int | None = None,
                  max_episode_tokens: int | None = None, tool_timeout: float | None = None,
-                 env_reward_weight: float = 1.0) -> None:
+                 env_reward_weight: float = 1.0, dynamic_sampling: bool = False, max_sampling_rounds: int = 3) -> None:
         super().__init__(model, dtype=dtype, attn_implementation=attn_implementation, chat_template=chat_template,
                          chat_template_kwargs=chat_template_kwargs, use_peft=use_peft, lora_r=lora_r,
                          lora_alpha=lora_alpha, lora_dropout=lora_dropout, lora_target_modules=lora_target_modules,
@@ -370,7 +380,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                          chunk_size=chunk_size)
         checks = {"num_generations": (num_generations, 2), "max_new_tokens": (max_new_tokens, 1),
                   "num_iterations": (num_iterations, 1), "micro_batch_size": (micro_batch_size, 1),
-                  "sync_every": (sync_every, 1), "max_staleness": (max_staleness, 0)}
+                  "sync_every": (sync_every, 1), "max_staleness": (max_staleness, 0),
+                  "max_sampling_rounds": (max_sampling_rounds, 1)}
         if rollout_workers is not None:
             checks["rollout_workers"] = (rollout_workers, 1)
         for name, (value, low) in checks.items():
@@ -393,6 +404,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             raise ValueError(f"GRPOModule: {e}") from e
         if rollout_mode not in ("sync", "async"):
             raise ValueError(f"GRPOModule: rollout_mode must be 'sync' or 'async', got {rollout_mode!r}.")
+        if dynamic_sampling and rollout_mode != "sync":
+            raise ValueError("GRPOModule: dynamic_sampling needs rollout_mode 'sync' (it draws extra prompt batches "
+                             "for the step being trained); set rollout_mode: sync or dynamic_sampling: false.")
         if beta < 0:
             raise ValueError(f"GRPOModule: beta must be >= 0, got {beta}.")
         if isinstance(environment, EnvironmentConfig):  # from the CLI: the plain spec (also in hparams)
@@ -500,7 +514,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         self.versions = PolicyVersionSwitch(
             policy, engine=engine, rollout_mode=rollout_mode, sync_every=sync_every, max_staleness=max_staleness,
             log_prob_kwargs={"share_prompts": self.share_prompts},
-            reference_model=self.reference_model() if beta > 0 else None)
+            reference_model=self.reference_model() if beta > 0 else None, dynamic_sampling=dynamic_sampling,
+            max_sampling_rounds=max_sampling_rounds)
         self.register_buffer("dropped_rollouts", torch.zeros((), dtype=torch.long))
         eval_metric_names = [*(EPISODE_EVAL_METRICS if environment is not None else ()), *eval_names]
         self.eval_metrics = torch.nn.ModuleDict({n: MeanMetric(nan_strategy="ignore") for n in eval_metric_names})
@@ -719,6 +734,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             "time/generation": gen_time, "time/rollout_wait": wait_time, "time/training": train_time,
             "time/step": step_time,
         }
+        if self.versions.dynamic_sampling:
+            log["train/sampling_rounds"] = float(self.versions.last_sampling_rounds)
         if gen_time > 0:  # this rank's generation throughput
             log["rollout/tokens_per_sec"] = rollout.completion_lengths.float().sum() / gen_time
         for j, name in enumerate(names):

@@ -243,6 +243,16 @@ class PromptBatchLoader:
             self.position += 1  # counted when handed out: a checkpoint after this step resumes after it
             yield collate_prompts([self.rows[i] for i in step])
 
+    def next_batch(self) -> dict[str, list] | None:
+        """The next step's prompt batch of the current epoch, handed out outside the iteration (dynamic sampling's
+        extra prompts): the running iteration skips it, a checkpoint counts it; ``None`` once the epoch's steps are
+        all handed out (the next epoch starts with the fit loop's next iteration)."""
+        if self.position >= self._num_steps:
+            return None
+        step = self.epoch_plan(self.epoch)[self.position]
+        self.position += 1
+        return collate_prompts([self.rows[i] for i in step])
+
     def state_dict(self) -> dict[str, int]:
         """``{"epoch", "position"}``: the epoch and the number of its steps already handed out."""
         return {"epoch": self.epoch, "position": self.position}

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from lit_llm.rewards import TrainerState
 from lit_llm.rollouts import AsyncRollouts, EpisodeEngine, RolloutBatch, RolloutEngine, policy_responses
+from lit_llm.rollouts.dynamic_sampling import informative_groups, select_groups
 
 __all__ = ["PolicyVersionSwitch", "StatefulAsyncRollouts"]
 
@@ -60,6 +61,10 @@ class PolicyVersionSwitch(Callback):
             (a background producer over a copy of the weights).
         sync_every: async: optimizer steps between weight copies to the producer (>= 1).
         max_staleness: async: drop rollouts generated more than this many optimizer steps ago (>= 0).
+        dynamic_sampling: sync: refill the step's batch with the informative groups (rewards not all equal) of
+            extra prompt batches (DAPO's dynamic sampling, :mod:`lit_llm.rollouts.dynamic_sampling`); needs the
+            loader handed to :meth:`wrap_train_loader` to have ``next_batch()``.
+        max_sampling_rounds: dynamic sampling: rollouts per step at most, the step's own included (>= 1).
         log_prob_kwargs: extra ``get_new_version`` arguments of the log-prob version (e.g. ``share_prompts``).
         reference_model: a frozen reference model (KL term); its log-prob version is :attr:`reference_version`. With
             LoRA, the trained ``PeftModel`` itself: the reference version is then the log-prob version with its
@@ -71,12 +76,13 @@ class PolicyVersionSwitch(Callback):
 
     Raises:
         ValueError: ``generate_version`` is not a generate version; bad ``rollout_mode`` / ``sync_every`` /
-            ``max_staleness``.
+            ``max_staleness`` / ``max_sampling_rounds``; ``dynamic_sampling`` with ``rollout_mode="async"``.
     """
 
     def __init__(self, generate_version: Any, *, engine: RolloutEngine | None = None,
                  rollout_mode: Literal["sync", "async"] = "sync", sync_every: int = 1, max_staleness: int = 1,
-                 log_prob_kwargs: dict[str, Any] | None = None, reference_model: torch.nn.Module | None = None) -> None:
+                 log_prob_kwargs: dict[str, Any] | None = None, reference_model: torch.nn.Module | None = None,
+                 dynamic_sampling: bool = False, max_sampling_rounds: int = 3) -> None:
         if not getattr(generate_version, "generate", False):
             raise ValueError("PolicyVersionSwitch: generate_version must be a generate version (generate=True).")
         if rollout_mode not in ("sync", "async"):
@@ -85,6 +91,11 @@ class PolicyVersionSwitch(Callback):
             raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}.")
         if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
             raise ValueError(f"max_staleness must be an integer >= 0, got {max_staleness!r}.")
+        if isinstance(max_sampling_rounds, bool) or not isinstance(max_sampling_rounds, int) or max_sampling_rounds < 1:
+            raise ValueError(f"max_sampling_rounds must be an integer >= 1, got {max_sampling_rounds!r}.")
+        if dynamic_sampling and rollout_mode != "sync":
+            raise ValueError("dynamic_sampling needs rollout_mode 'sync' (it draws extra prompt batches for the step "
+                             "being trained); set rollout_mode: sync or dynamic_sampling: false.")
         self.generate_version = generate_version
         self.log_prob_version = generate_version.get_new_version(generate=False, batching=False,
                                                                  **(log_prob_kwargs or {}))
@@ -101,6 +112,9 @@ class PolicyVersionSwitch(Callback):
         if engine is not None:  # the reward functions' trainer_state is this callback's view of the trainer
             engine.trainer_state_fn = self.trainer_state
         self.sync_every, self.max_staleness = sync_every, max_staleness
+        self.dynamic_sampling, self.max_sampling_rounds = bool(dynamic_sampling), max_sampling_rounds
+        self._prompt_loader: Any = None
+        self.last_sampling_rounds = 1
         self.async_rollouts: StatefulAsyncRollouts | None = None
         self._greedy: dict[int, Any] = {}
         self._pending: tuple[RolloutBatch | None, int, float] | None = None
@@ -182,13 +196,45 @@ class PolicyVersionSwitch(Callback):
         return TrainerState(global_step=int(trainer.global_step), epoch=epoch, max_steps=max_steps)
 
     def rollout(self, batch: Any, step: int) -> RolloutBatch:
-        """Synchronous rollout of a prompt batch at ``step``, from the trained weights (eval mode, no grad)."""
+        """Synchronous rollout of a prompt batch at ``step``, from the trained weights (eval mode, no grad).
+
+        With ``dynamic_sampling``: while fewer groups than the batch's have unequal rewards, further prompt batches
+        of the epoch are drawn from the prompt loader (``next_batch``) and rolled out for the same step, at most
+        ``max_sampling_rounds`` rounds in all; under DDP every rank draws as long as any rank needs more (the same
+        number of rounds everywhere, so the loaders stay in step). The trained batch is then
+        :func:`~lit_llm.rollouts.dynamic_sampling.select_groups`' (same size; :attr:`last_sampling_rounds` counts the
+        rounds)."""
         if self.engine is None:
             raise RuntimeError("PolicyVersionSwitch.rollout: no rollout engine (this module does not do rollouts).")
         with self.generating():
             rollout = self.engine.rollout(batch, step=step, version=step)
         self.num_rollouts += 1
-        return rollout
+        self.last_sampling_rounds = 1
+        if not self.dynamic_sampling or self._prompt_loader is None:
+            return rollout
+        g = self.engine.num_generations
+        num_groups = rollout.num_rows // g
+        rollouts = [rollout]
+        found = int(informative_groups(rollout.reward, g).sum())
+        while len(rollouts) < self.max_sampling_rounds and self._any_rank(found < num_groups):
+            extra = self._prompt_loader.next_batch()
+            if extra is None:  # the epoch's prompts are used up: train what was found
+                break
+            with self.generating():
+                more = self.engine.rollout(extra, step=step, version=step, sampling_round=len(rollouts))
+            rollouts.append(more)
+            found += int(informative_groups(more.reward, g).sum())
+        self.last_sampling_rounds = len(rollouts)
+        return select_groups(rollouts, num_groups, g, scale_rewards=self.engine.scale_rewards,
+                             advantage_estimator=self.engine.advantage_estimator)
+
+    def _any_rank(self, flag: bool) -> bool:
+        """``flag`` or-ed over the ranks (one collective under DDP, called by every rank in the same order)."""
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return flag
+        t = torch.tensor(float(flag), device=trainer.strategy.root_device)
+        return bool(trainer.strategy.reduce(t, reduce_op="sum") > 0)
 
     def wrap_train_loader(self, loader: Any, *, version: int, distributed: bool) -> Any:
         """The prompt loader itself (sync), or an asynchronous producer over it and a copy of the weights.
@@ -197,6 +243,12 @@ class PolicyVersionSwitch(Callback):
         batches and fall out of step); :meth:`on_train_batch_start` drops stale batches on all ranks together.
         """
         if self.rollout_mode == "sync" or self.engine is None:
+            if self.dynamic_sampling and self.engine is not None:
+                if not callable(getattr(loader, "next_batch", None)):
+                    raise ValueError(f"dynamic_sampling draws extra prompt batches with the prompt loader's "
+                                     f"next_batch(); {type(loader).__name__} has none (use GRPODataModule's "
+                                     f"PromptBatchLoader, or set dynamic_sampling: false).")
+                self._prompt_loader = loader
             return loader
         if self.async_rollouts is not None:
             self.async_rollouts.close()

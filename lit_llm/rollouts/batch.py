@@ -246,6 +246,57 @@ class RolloutBatch(TensorClass["nocast"]):
             episodes=None if self.episodes is None else [self.episodes[i] for i in ids], batch_size=[],
         )
 
+    @classmethod
+    def cat(cls, batches: Sequence[RolloutBatch]) -> RolloutBatch:
+        """The rows of ``batches`` one after the other, as one batch: prompts re-padded on the left, completions
+        (and their masks, log-probs) on the right to the widest; ``prompt_index`` offset; ``group`` offset so that
+        groups of different batches stay apart; ``generation_time`` / ``reward_time`` summed,
+        ``frac_reward_zero_std`` the first batch's (the caller knows what it selected). Padding ids are the first
+        batch's pad id where it has padding (masks decide what is real, never ids).
+
+        Raises:
+            ValueError: no batch, or batches with different reward functions or episode / single-turn mixed.
+        """
+        if not batches:
+            raise ValueError("RolloutBatch.cat: needs at least one batch.")
+        first = batches[0]
+        names = list(first.rewards.keys())
+        if any(list(b.rewards.keys()) != names or (b.episodes is None) != (first.episodes is None) for b in batches):
+            raise ValueError("RolloutBatch.cat: every batch needs the same reward functions and the same kind of "
+                             "rollout (single-turn or episodes).")
+        pads = first.prompt_ids[~first.prompt_mask]
+        pad = int(pads[0]) if pads.numel() else 0
+        lp = max(int(b.prompt_ids.shape[1]) for b in batches)
+        lc = max(int(b.completion_ids.shape[1]) for b in batches)
+
+        def left(t: Tensor, value: int | bool) -> Tensor:
+            return torch.nn.functional.pad(t, (lp - t.shape[1], 0), value=value)
+
+        def right(t: Tensor, value: int | float | bool) -> Tensor:
+            return torch.nn.functional.pad(t, (0, lc - t.shape[1]), value=value)
+
+        p_off = torch.tensor([0, *[int(b.prompt_ids.shape[0]) for b in batches]]).cumsum(0)
+        g_off = torch.tensor([0, *[int(b.group.max()) + 1 for b in batches]]).cumsum(0)
+        return cls(
+            prompt_ids=torch.cat([left(b.prompt_ids, pad) for b in batches]),
+            prompt_mask=torch.cat([left(b.prompt_mask, False) for b in batches]),
+            completion_ids=torch.cat([right(b.completion_ids, pad) for b in batches]),
+            completion_mask=torch.cat([right(b.completion_mask, False) for b in batches]),
+            loss_mask=torch.cat([right(b.loss_mask, False) for b in batches]),
+            prompt_index=torch.cat([b.prompt_index + p_off[i] for i, b in enumerate(batches)]),
+            old_log_probs=torch.cat([right(b.old_log_probs, 0.0) for b in batches]),
+            rollout_log_probs=torch.cat([right(b.rollout_log_probs, 0.0) for b in batches]),
+            reward=torch.cat([b.reward for b in batches]), advantage=torch.cat([b.advantage for b in batches]),
+            truncated=torch.cat([b.truncated for b in batches]),
+            group=torch.cat([b.group + g_off[i] for i, b in enumerate(batches)]),
+            policy_version=torch.cat([b.policy_version for b in batches]),
+            rewards=TensorDict({k: torch.cat([b.rewards[k] for b in batches]) for k in names}, batch_size=[]),
+            sample_id=[s for b in batches for s in b.sample_id], completion=[c for b in batches for c in b.completion],
+            generation_time=sum(float(b.generation_time) for b in batches),
+            reward_time=sum(float(b.reward_time) for b in batches), frac_reward_zero_std=first.frac_reward_zero_std,
+            episodes=None if first.episodes is None else [e for b in batches for e in b.episodes], batch_size=[],
+        )
+
     def micro_batches(self, size: int) -> list[RolloutBatch]:
         """Cut into micro-batches of at most ``size`` rows, in group order.
 

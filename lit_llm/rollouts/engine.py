@@ -66,14 +66,19 @@ def _mix_seed(seed: int, step: int, rank: int = 0) -> int:
     return (int(seed) * 1_000_003 + int(step) * 7919 + int(rank) * 0x9E3779B97F4A7C15) % (2**63 - 1)
 
 
-def row_seeds(seed: int, step: int, rank: int, num_prompts: int, num_generations: int) -> Tensor:
+def row_seeds(seed: int, step: int, rank: int, num_prompts: int, num_generations: int,
+              sampling_round: int = 0) -> Tensor:
     """Per-row sampling seeds of one rollout: row ``k * G + g`` (prompt ``k``, generation ``g``) gets
-    ``splitmix64(_mix_seed(seed, step, rank) ⊕ hash(k, g)) mod 2**63``.
+    ``splitmix64(base ⊕ hash(k, g)) mod 2**63`` with ``base = _mix_seed(seed, step, rank)`` in round 0 and
+    ``splitmix64(base ⊕ splitmix64(2**40 + sampling_round))`` in the later rounds of dynamic sampling (extra prompt
+    batches of the same step: their own streams, round 0 unchanged).
 
     Returns:
         ``[num_prompts * num_generations]`` int64 tensor of seeds in ``[0, 2**63)``.
     """
     base = _mix_seed(seed, step, rank)
+    if sampling_round:
+        base = _splitmix64(base ^ _splitmix64((1 << 40) + int(sampling_round)))
     out = [_splitmix64(base ^ _splitmix64((k << 20) + g)) & ((1 << 63) - 1)
            for k in range(num_prompts) for g in range(num_generations)]
     return torch.tensor(out, dtype=torch.long)
@@ -281,7 +286,7 @@ class RolloutEngine:
 
     # ---------------------------------------------------------------------------------------------- rollouts
     def rollout(self, batch: Mapping[str, Any], *, step: int = 0, version: int | None = None,
-                trainer_state: TrainerState | None = None) -> RolloutBatch:
+                trainer_state: TrainerState | None = None, sampling_round: int = 0) -> RolloutBatch:
         """Build the :class:`RolloutBatch` of ``P`` prompts (``N = P * num_generations`` rows).
 
         Args:
@@ -293,6 +298,8 @@ class RolloutEngine:
             version: version of the weights (default :attr:`version`), written to ``policy_version``.
             trainer_state: passed to the reward functions as ``trainer_state`` (TRL); default:
                 :attr:`trainer_state_fn`'s, else ``TrainerState(global_step=step)``.
+            sampling_round: dynamic sampling's round of this step (0 = the step's own prompt batch; extra batches
+                get their own seeds, :func:`row_seeds`).
 
         Raises:
             RolloutError: no ``"prompt"``, an empty batch, a column or ``prompt_ids`` of the wrong length, a prompt
@@ -314,7 +321,7 @@ class RolloutEngine:
         if trainer_state is None:  # taken before generating: the progress the rollout was generated at
             trainer_state = self.current_trainer_state(step)
         rep = [p for p in ids for _ in range(g)]
-        seeds = None if self.seed is None else row_seeds(self.seed, step, self.rank, n_prompts, g)
+        seeds = None if self.seed is None else row_seeds(self.seed, step, self.rank, n_prompts, g, sampling_round)
 
         t0 = time.perf_counter()
         resp, resp_lp, truncated = self.generate(rep, seeds)

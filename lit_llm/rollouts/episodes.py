@@ -391,14 +391,14 @@ class EpisodeEngine(RolloutEngine):
 
     # ---------------------------------------------------------------------------------------------- rollouts
     def rollout(self, batch: Mapping[str, Any], *, step: int = 0, version: int | None = None,
-                trainer_state: TrainerState | None = None) -> RolloutBatch:
+                trainer_state: TrainerState | None = None, sampling_round: int = 0) -> RolloutBatch:
         """Run ``P * num_generations`` episodes and build their :class:`RolloutBatch`.
 
         Args:
             batch: the prompt batch: ``"prompt"`` (``P`` entries), optional ``"sample_id"`` and dataset columns
                 (lists of ``P``); each episode's ``env.reset`` gets the row ``{"prompt": ..., "sample_id": ...,
                 **columns}``. ``"prompt_ids"`` is ignored (the environment's first messages are rendered).
-            step: the training step (mixed into the per-row seeds). version, trainer_state: as
+            step: the training step (mixed into the per-row seeds). version, trainer_state, sampling_round: as
                 :meth:`RolloutEngine.rollout`.
 
         Returns:
@@ -429,7 +429,8 @@ class EpisodeEngine(RolloutEngine):
                 first.close()
             raise
         envs = [first, *(self.make_env() for _ in range(n_prompts * g - 1))]
-        seeds = None if self.seed is None else row_seeds(self.seed, step, self.rank, n_prompts, g).tolist()
+        seeds = (None if self.seed is None
+                 else row_seeds(self.seed, step, self.rank, n_prompts, g, sampling_round).tolist())
 
         t0 = time.perf_counter()
         trajs = self.run_episodes(envs, [rows[i // g] for i in range(len(envs))], seeds)

@@ -14,6 +14,7 @@ from lit_llm.lightning.grpo_data import GRPODataModule
 from lit_llm.objectives.grpo import grpo_loss
 from lit_llm.policy.generation import generate_tokens, pad_rows, resolve_generation_config
 from lit_llm.policy.logprobs import completion_log_probs, model_token_log_probs
+from lit_llm.rollouts.dynamic_sampling import informative_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -225,3 +226,56 @@ def test_invalid_settings_are_named():
         GRPOModule("tiny", reward_funcs=[frac_reward], rollout_mode="fast")
     with pytest.raises(ValueError, match="temperature must be > 0"):
         GRPOModule("tiny", reward_funcs=[frac_reward], temperature=0.0)
+    with pytest.raises(ValueError, match="dynamic_sampling needs rollout_mode 'sync'"):
+        GRPOModule("tiny", reward_funcs=[frac_reward], rollout_mode="async", dynamic_sampling=True)
+    with pytest.raises(ValueError, match="max_sampling_rounds must be an integer >= 1"):
+        GRPOModule("tiny", reward_funcs=[frac_reward], max_sampling_rounds=0)
+
+
+def odd_answers_only(prompts, completions, completion_ids, answer, **kwargs):
+    """frac_reward where the problem's answer is odd; 0.5 for every completion of an even one (a zero-std group)."""
+    return [0.5 if int(a) % 2 == 0 else frac_reward(None, None, [c])[0] for a, c in zip(answer, completion_ids)]
+
+
+class RolloutSpy(Callback):
+    """Records what the callback's rollout returns (the trained batch) and the prompt loader's position."""
+
+    def __init__(self) -> None:
+        self.trained: list = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        switch = pl_module.versions
+        rollout = switch.rollout
+
+        def spy(batch, step):
+            out = rollout(batch, step)
+            self.trained.append((out, switch.last_sampling_rounds))
+            return out
+
+        switch.rollout = spy
+
+
+def test_dynamic_sampling_trains_informative_groups_and_draws_extra_prompts():
+    spy = RolloutSpy()
+    module, steps = fit(4, reward_funcs=[odd_answers_only], dynamic_sampling=True, max_sampling_rounds=4,
+                        callbacks=[spy], dm_kwargs={"batch_size": 4})
+    assert len(spy.trained) == 4
+    rounds = [r for _, r in spy.trained]
+    assert [s["train/sampling_rounds"] for s in steps] == rounds
+    assert all(r > 1 for r in rounds)  # about half of each batch is zero-std, so every step draws more
+    assert any(r < 4 for r in rounds)  # and most find 4 informative groups before the last round
+    for rollout, r in spy.trained:
+        assert rollout.num_rows == 4 * 8 and rollout.group.tolist() == [k // 8 for k in range(32)]
+        informative = informative_groups(rollout.reward, 8)
+        if r < 4:  # found enough before the last round: no zero-std group is trained
+            assert bool(informative.all())
+    # the loader handed out one batch per round (the fit loop's own included)
+    assert module.versions._prompt_loader.state_dict()["position"] == sum(rounds)
+    # frac_reward_zero_std is over every group drawn: about half, never 0 although the trained batches are
+    assert all(0 < s["train/frac_reward_zero_std"] < 1 for s in steps)
+
+
+def test_dynamic_sampling_off_draws_one_batch_per_step():
+    module, steps = fit(2, reward_funcs=[odd_answers_only])
+    assert "train/sampling_rounds" not in steps[0]
+    assert module.versions._prompt_loader is None
