@@ -70,14 +70,15 @@ class DDPProbe(Callback):
         io.save_checkpoint = counting_save
         engine = getattr(pl_module, "engine", None)
         if engine is not None:
-            rollout = engine.rollout
+            switch = pl_module.versions
+            rollout = switch.rollout  # the trained batch (with dynamic sampling: the kept groups of every round)
 
             def capturing_rollout(*args: Any, **kwargs: Any) -> Any:
                 td = rollout(*args, **kwargs)
                 self._last_rollout = td
                 return td
 
-            engine.rollout = capturing_rollout
+            switch.rollout = capturing_rollout
             if self.skew_generation:
                 cfg = engine.policy.generation_config
                 vocab = int(pl_module.model.get_output_embeddings().weight.shape[0])

@@ -4,8 +4,8 @@ The reference run skews generation per rank (tests/distributed/ddp_probe.py, ``s
 completions stop at their first token, rank 1's always run to ``max_new_tokens`` -- generation is per rank and
 collective-free, so this must finish without a hang and keep the ranks in step. Its 21 training prompts do not fill
 a whole number of steps of 2 prompts x 2 ranks, and its 5 evaluation prompts do not split evenly over the ranks.
-Also: a repeat with the same seed, a run stopped at step 3 and resumed with ``--ckpt_path last``, and the
-asynchronous rollout mode.
+Also: a repeat with the same seed, a run stopped at step 3 and resumed with ``--ckpt_path last``, the
+asynchronous rollout mode, and dynamic sampling with a reward informative on rank 0 only.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ def _make_run(name: str, root: Path) -> DDPRun:
     if name == "resumed":
         launch(root, "grpo_tiny.yaml", *ARGS, "--trainer.max_steps", "3", skew_generation=True)
         return launch(root, "grpo_tiny.yaml", *ARGS, "--ckpt_path", "last", skew_generation=True)
+    if name == "dynamic":
+        rewards = str(Path(__file__).resolve().parent / "ddp_rewards.py") + ":rank0_parity_reward"
+        return launch(root, "grpo_tiny.yaml", *ARGS, "--model.dynamic_sampling", "true",
+                      "--model.max_sampling_rounds", "3", "--model.reward_funcs", f"[{rewards}]",
+                      "--model.reward_weights", "null", "--model.eval_reward_funcs", "[strict_arithmetic_reward]")
     if name == "async":
         return launch(root, "grpo_tiny.yaml", *ARGS, "--trainer.max_steps", "4", "--model.rollout_mode", "async",
                       "--model.max_staleness", "1")
@@ -133,3 +138,27 @@ def test_grpo_ddp_async_rollouts_finish_in_step(runs):
     steps = run.ranks[0]["steps"]
     assert run.ranks[0]["global_step"] == run.ranks[1]["global_step"] == 4
     assert len(steps) == len(run.ranks[1]["steps"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_grpo_ddp_dynamic_sampling_ranks_draw_the_same_rounds(runs):
+    # rank 1's groups are all zero-std, so it wants another round every step; rank 0 must draw with it (the loaders
+    # stay in step) although its own groups are informative: 3 rounds, then 2 where the epoch runs out (below); no
+    # hang, identical weights
+    run = runs.get("dynamic")
+    assert_clean_exit(run)
+    assert_same_weights_every_step(run)
+    assert run.metrics("train/sampling_rounds") == [3.0, 2.0] * (STEPS // 2)
+    r0, r1 = (r["steps"] for r in run.ranks)
+    for steps in (r0, r1):
+        for s in steps:
+            assert len(s["sample_ids"]) == PROMPTS * G and s["groups"] == [k for k in range(PROMPTS) for _ in range(G)]
+    # 5 prompt batches per epoch and 3 rounds per step: each epoch feeds 2 steps (3 + 2 batches, the second step's
+    # third round finds the epoch used up); a step trains prompts of its own rounds only, never one twice in an epoch
+    for steps in (r0, r1):
+        for epoch in range(STEPS // 2):
+            trained = [p for s in steps[2 * epoch:2 * epoch + 2] for p in dict.fromkeys(s["sample_ids"])]
+            assert len(trained) == len(set(trained)) == 2 * PROMPTS
+    # rank 1 found nothing: it trains its own first batch (zero-std fill, first-drawn first)
+    assert all(list(dict.fromkeys(s["sample_ids"])) == s["prompt_ids"] for s in r1)
