@@ -45,7 +45,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0: no reference model)")
     p.add_argument("--rollout-mode", default="sync", choices=["sync", "async"])
     p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--max-steps", type=int, default=80)
+    p.add_argument("--max-steps", type=int, default=60)
     p.add_argument("--max-time", default="00:00:30:00", help="wall-clock cap, dd:hh:mm:ss")
     p.add_argument("--eval-every", type=int, default=10, help="optimizer steps between greedy evaluations")
     p.add_argument("--checkpoint-every", type=int, default=20, help="optimizer steps between checkpoints")
