@@ -34,6 +34,11 @@ def test_grpo_configs_parse(config, capsys):
     assert "class_path: lit_llm.lightning.grpo_data.GRPODataModule" in out
 
 
+def odd_answers_only(prompts, completions, completion_ids, answer, **kwargs):
+    """frac_reward where the problem's answer is odd; 0.5 for every completion of an even one (a zero-std group)."""
+    return [0.5 if int(a) % 2 == 0 else frac_reward(None, None, [c])[0] for a, c in zip(answer, completion_ids)]
+
+
 def _cli(tmp: Path, config: str, *args: str) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
@@ -119,3 +124,36 @@ def test_grpo_gsm8k_config_runs(tmp_path, gsm8k_dir):
         evals = [r for r in csv.DictReader(f) if r.get("eval/gsm8k_answer_reward")]
     assert len(evals) == 1 and 0.0 <= float(evals[0]["eval/gsm8k_answer_reward"]) <= 1.0
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+@pytest.mark.slow
+def test_demo_config_runs_dynamic_sampling_and_resumes_exactly(tmp_path):
+    """configs/grpo_arithmetic.yaml as shipped (strict + closeness-curriculum rewards, dynamic sampling, fp32) with
+    the tiny model: it draws extra prompt batches (the random model earns nothing, so every group is zero-std and
+    every step takes the 3 rounds); and a dynamic-sampling run stopped at step 3 and resumed continues exactly like an
+    uninterrupted one (the loader's position counts the extra batches)."""
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    _cli(demo, "grpo_arithmetic.yaml", "--model.init_args.model", "tiny", "--data.init_args.tokenizer", "tiny",
+         "--trainer.max_steps", "2", "--trainer.num_sanity_val_steps", "0", "--trainer.limit_val_batches", "0",
+         "--model.init_args.max_new_tokens", "4", "--wandb", "false")
+    rows = _train_rows(demo)
+    assert [float(r["train/sampling_rounds"]) for r in rows] == [3.0, 3.0]
+    assert all(float(r["train/frac_reward_zero_std"]) == 1.0 for r in rows)
+
+    full, part = tmp_path / "full", tmp_path / "part"
+    full.mkdir(), part.mkdir()
+    dynamic = ("--model.init_args.dynamic_sampling", "true", "--model.init_args.reward_funcs",
+               '["test_grpo_cli:odd_answers_only"]', "--data.init_args.batch_size", "4")
+    _run(full, *dynamic, "--trainer.max_steps", "6")
+    rows = _train_rows(full)
+    assert len(rows) == 6 and any(float(r["train/sampling_rounds"]) > 1 for r in rows)
+    _run(part, *dynamic, "--trainer.max_steps", "3")
+    _run(part, *dynamic, "--trainer.max_steps", "6", "--ckpt_path", "last")
+    resumed = _train_rows(part, 1)
+    assert [r["train/reward"] for r in _train_rows(part, 0) + resumed] == [r["train/reward"] for r in rows]
+    assert [r["train/sampling_rounds"] for r in _train_rows(part, 0) + resumed] == [
+        r["train/sampling_rounds"] for r in rows]
+    a = torch.load(full / "checkpoints" / "last.ckpt", weights_only=False)
+    b = torch.load(part / "checkpoints" / "last.ckpt", weights_only=False)
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
