@@ -16,8 +16,8 @@ runs it every N steps; each ``eval_reward_funcs`` function's mean is logged as `
 over ranks); with ``trainer.num_sanity_val_steps: -1`` the full evaluation also runs before training and is logged at
 step 0 (the "before" number). The first completions go to ``eval_samples.csv`` (and a wandb table). Metrics are
 logged at :attr:`eval_step` (``global_step``; the checkpoint's step in ``validate``); the line reporting them is the
-:class:`~lit_llm.lightning.progress.StepProgressBar`'s, or ``[step N] greedy eval: ...`` when no such bar is
-attached.
+:class:`~lit_llm.lightning.progress.StepProgressBar`'s, or ``[step N] greedy eval: ...`` for the sanity check (its
+values go to the loggers directly, not through the bar) and when no such bar is attached.
 """
 
 from __future__ import annotations
@@ -168,8 +168,10 @@ class GreedyEvaluation:
             # x value: the step evaluated (global_step while fitting, the checkpoint's step in validate / test)
             self.log_dict({**values, "step": float(self.eval_step)}, batch_size=1)
         if self.trainer.is_global_zero:
-            if not any(isinstance(cb, StepProgressBar) for cb in self.trainer.callbacks):
-                # the bar prints the evaluation line; without it (enable_progress_bar false) this is the only report
+            has_bar = any(isinstance(cb, StepProgressBar) for cb in self.trainer.callbacks)
+            if self.trainer.sanity_checking or not has_bar:
+                # the bar prints the evaluation line from the logged metrics; the sanity check's values went to the
+                # loggers directly (nothing for the bar to read), and without a bar this is the only report
                 rank_zero_info(f"[step {self.eval_step}] greedy eval: " +
                                ", ".join(f"{k}={float(v):.3f}" for k, v in values.items()))
             if rows:

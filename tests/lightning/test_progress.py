@@ -104,3 +104,20 @@ def test_shipped_tiny_config_prints_a_line_per_step_and_evaluation(tmp_path, cap
     assert [ln.split("]")[0] for ln in lines if ln.startswith("[step") and "evaluation" not in ln] == \
         ["[step 1/4", "[step 2/4", "[step 3/4", "[step 4/4"]
     assert [ln.split("]")[0] for ln in lines if "] evaluation:" in ln] == ["[step 2/4", "[step 4/4"]
+
+
+def test_grpo_config_prints_the_before_training_evaluation(tmp_path, capsys, caplog):
+    """configs/grpo_tiny.yaml as shipped (progress bar on, num_sanity_val_steps -1): off a terminal the step-0 greedy
+    evaluation is printed (its values go to the loggers directly, so the bar has nothing to print for it), then
+    the bar's line for each later evaluation."""
+    import logging
+
+    from lit_llm.lightning.cli import main
+
+    with caplog.at_level(logging.INFO):  # rank_zero_info: Lightning's logger, on stderr in a terminal run
+        main(["fit", "--config", str(ROOT / "configs/grpo_tiny.yaml"), "--trainer.max_steps", "2",
+              "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(tmp_path), "--wandb", "false"])
+    lines = capsys.readouterr().out.splitlines()
+    before = [r.getMessage() for r in caplog.records if "greedy eval:" in r.getMessage()]
+    assert len(before) == 1 and before[0].endswith(tuple("0123456789")) and "[step 0] greedy eval: eval/" in before[0]
+    assert [ln.split("]")[0] for ln in lines if "] evaluation:" in ln] == ["[step 2/2"]
