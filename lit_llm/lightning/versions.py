@@ -203,15 +203,24 @@ class PolicyVersionSwitch(Callback):
         ``max_sampling_rounds`` rounds in all; under DDP every rank draws as long as any rank needs more (the same
         number of rounds everywhere, so the loaders stay in step). The trained batch is then
         :func:`~lit_llm.rollouts.dynamic_sampling.select_groups`' (same size; :attr:`last_sampling_rounds` counts the
-        rounds)."""
+        rounds).
+
+        Raises:
+            RuntimeError: no rollout engine; ``dynamic_sampling`` without a prompt loader (never wrapped).
+        """
         if self.engine is None:
             raise RuntimeError("PolicyVersionSwitch.rollout: no rollout engine (this module does not do rollouts).")
         with self.generating():
             rollout = self.engine.rollout(batch, step=step, version=step)
         self.num_rollouts += 1
         self.last_sampling_rounds = 1
-        if not self.dynamic_sampling or self._prompt_loader is None:
+        if not self.dynamic_sampling:
             return rollout
+        if self._prompt_loader is None:
+            raise RuntimeError("dynamic_sampling is on, but no prompt loader was handed to "
+                               "PolicyVersionSwitch.wrap_train_loader (GRPODataModule.train_dataloader does it through "
+                               "the module's wrap_train_loader); use GRPODataModule, call it from your datamodule, or "
+                               "set dynamic_sampling: false.")
         g = self.engine.num_generations
         num_groups = rollout.num_rows // g
         rollouts = [rollout]

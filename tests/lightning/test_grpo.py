@@ -279,3 +279,12 @@ def test_dynamic_sampling_off_draws_one_batch_per_step():
     module, steps = fit(2, reward_funcs=[odd_answers_only])
     assert "train/sampling_rounds" not in steps[0]
     assert module.versions._prompt_loader is None
+
+
+def test_dynamic_sampling_without_the_prompt_loader_is_an_error(tokenizer):
+    module = GRPOModule("tiny", reward_funcs=[frac_reward], dynamic_sampling=True, max_new_tokens=2)
+    batch = GRPODataModule(batch_size=2, num_train=20, num_eval=0, tokenizer="tiny")
+    batch.setup("fit")
+    prompts = next(iter(batch.train_dataloader()))  # a loader never handed to the module's wrap_train_loader
+    with pytest.raises(RuntimeError, match="dynamic_sampling is on, but no prompt loader was handed"):
+        module.versions.rollout(prompts, 0)
