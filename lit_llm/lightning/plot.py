@@ -27,6 +27,7 @@ Policy ratio                       ``train/ratio_{mean,min,max}`` (π_θ / π_ol
 Clip ratios                        ``train/clip_ratio/{low,high,region}_mean``                            fraction
 Completion length                  ``train/completions/{mean,min,max}_length``                            tokens
 Zero-std groups, truncation        ``train/frac_reward_zero_std``, ``train/completions/clipped_ratio``    fraction
+Dynamic sampling                   ``train/sampling_rounds`` (``dynamic_sampling``: rollouts per step)     count
 Episode rates                      ``train/episodes/{tool_call_rate,tool_success_rate,truncated[/...]}``  fraction
 Episode tokens                     ``train/episodes/{sampled,env}_tokens_mean``                           tokens
 Reward by turn count               ``train/reward_by_turns/<k>``                                          reward
@@ -134,6 +135,7 @@ PANEL_SPECS: tuple[PanelSpec, ...] = (
     PanelSpec("Completion length", "length (tokens)", r"(^|/)completions/(?P<label>(mean|min|max)_length)$"),
     PanelSpec("Zero-std groups, truncation", "fraction (groups / completions)",
               r"(^|/)(frac_reward_zero_std|completions/clipped_ratio)$"),
+    PanelSpec("Dynamic sampling", "rollouts per step", r"(^|/)sampling_rounds$"),
     PanelSpec("Episode rates", "fraction of episodes / of tool calls",
               r"^train/episodes/(?P<label>(tool_call_rate|tool_success_rate|truncated(/.+)?))$"),
     PanelSpec("Episode tokens", "tokens per episode", r"^train/episodes/(?P<label>(sampled|env)_tokens_mean)$"),

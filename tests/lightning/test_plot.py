@@ -141,6 +141,7 @@ def _curve(series) -> dict[float, float]:
         ("train/real_tokens_per_sec", "Throughput"),
         ("time/generation", "Time per step"), ("time/step", "Time per step"),
         ("train/staleness", "Async rollouts"), ("train/dropped_rollouts", "Async rollouts"),
+        ("train/sampling_rounds", "Dynamic sampling"),
         ("train/grad_norm", "Gradient norm"), ("train/lr", "Learning rate"), ("lr-AdamW", "Learning rate"),
         ("train/skipped_steps", "Skipped steps"),
         # left out on purpose
