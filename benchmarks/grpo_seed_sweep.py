@@ -96,7 +96,7 @@ def summarize(run_dir: Path) -> dict:
     low_entropy = _runs_of([e < ENTROPY_FLOOR for e in entropy], CONSECUTIVE)
     flat = _runs_of([z > ZERO_STD_CEILING for z in zero_std], CONSECUTIVE)
     step_times = [_float(r.get("time/step")) for r in train if r.get("time/step")]
-    bare = [_float(r.get("train/rewards/strict_number_format_reward/mean")) for r in train]
+    lengths = [_float(r.get("train/completions/mean_length")) for r in train]
     return {
         "steps": len(train),
         "strict": strict, "lenient": lenient,
@@ -106,7 +106,8 @@ def summarize(run_dir: Path) -> dict:
         "collapse": {"entropy_below_0.01_x5_at_step": None if low_entropy is None else steps[low_entropy],
                      "zero_std_above_0.9_x5_at_step": None if flat is None else steps[flat],
                      "strict_drop_over_15_points_at_step": drop_at},
-        "first_step_bare_over_half": next((steps[i] for i, b in enumerate(bare) if b > 0.5), None),
+        # bare answers dominate: "85" + end of turn is 2-4 tokens, the base model's sentences ~14
+        "first_step_mean_length_at_most_5": next((steps[i] for i, n in enumerate(lengths) if n <= 5), None),
     }
 
 
@@ -171,8 +172,11 @@ def main(argv: list[str] | None = None) -> None:
     print(machine_line(), "| AVX2 emulated" if args.avx2 else "", flush=True)
     results = []
     for seed in args.seeds:
-        if args.summarize:
-            results.append({"seed": seed, **summarize(Path(args.out) / f"seed{seed}" / "run")})
+        if args.summarize:  # wall time, load and precision from the run's summary.json when it wrote one
+            saved = Path(args.out) / f"seed{seed}" / "summary.json"
+            kept = {k: v for k, v in json.loads(saved.read_text()).items() if k in ("exit", "wall_s", "load_1min",
+                                                                                 "precision")} if saved.exists() else {}
+            results.append({"seed": seed, **kept, **summarize(Path(args.out) / f"seed{seed}" / "run")})
         else:
             results.append(run_seed(seed, args, extra))
             r = results[-1]
