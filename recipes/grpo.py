@@ -44,6 +44,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loss-type", default="dapo", choices=["dapo", "grpo", "dr_grpo", "bnpo"])
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0: no reference model)")
     p.add_argument("--rollout-mode", default="sync", choices=["sync", "async"])
+    p.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=True,
+                   help="DAPO dynamic sampling (sync rollouts only: pass --no-dynamic-sampling with --rollout-mode "
+                        "async)")
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--max-steps", type=int, default=60)
     p.add_argument("--max-time", default="00:00:30:00", help="wall-clock cap, dd:hh:mm:ss")
@@ -76,7 +79,8 @@ def build(argv: Sequence[str] | None = None) -> tuple[GRPOModule, GRPODataModule
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, loss_type=args.loss_type,
         epsilon=0.2, epsilon_high=0.28, beta=args.beta, scale_rewards="batch", mask_truncated_completions=False,
         num_iterations=1, micro_batch_size=16, share_prompts=True, rollout_mode=args.rollout_mode,
-        batching=True, rollout_workers=None, rollout_seed=args.seed, dynamic_sampling=True, max_sampling_rounds=3,
+        batching=True, rollout_workers=None, rollout_seed=args.seed, dynamic_sampling=args.dynamic_sampling,
+        max_sampling_rounds=3,
         eval_reward_funcs=EVAL_REWARDS, eval_max_new_tokens=args.max_new_tokens, eval_samples=8,
         log_samples_every=5, grad_clip=1.0, optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=0.0),
     )

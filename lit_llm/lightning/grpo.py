@@ -736,8 +736,10 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         }
         if self.versions.dynamic_sampling:
             log["train/sampling_rounds"] = float(self.versions.last_sampling_rounds)
-        if gen_time > 0:  # this rank's generation throughput
-            log["rollout/tokens_per_sec"] = rollout.completion_lengths.float().sum() / gen_time
+        if gen_time > 0:  # this rank's generation throughput (dynamic sampling: every round's tokens, not the kept)
+            generated = (self.versions.last_generated_tokens if self.versions.dynamic_sampling
+                         else rollout.completion_lengths.float().sum())
+            log["rollout/tokens_per_sec"] = generated / gen_time
         for j, name in enumerate(names):
             values = cols[:, 3 + j]
             log[f"train/rewards/{name}/mean"] = values.nanmean()

@@ -249,7 +249,7 @@ class RolloutSpy(Callback):
 
         def spy(batch, step):
             out = rollout(batch, step)
-            self.trained.append((out, switch.last_sampling_rounds))
+            self.trained.append((out, switch.last_sampling_rounds, switch.last_generated_tokens))
             return out
 
         switch.rollout = spy
@@ -260,11 +260,14 @@ def test_dynamic_sampling_trains_informative_groups_and_draws_extra_prompts():
     module, steps = fit(4, reward_funcs=[odd_answers_only], dynamic_sampling=True, max_sampling_rounds=4,
                         callbacks=[spy], dm_kwargs={"batch_size": 4})
     assert len(spy.trained) == 4
-    rounds = [r for _, r in spy.trained]
+    rounds = [r for _, r, _ in spy.trained]
     assert [s["train/sampling_rounds"] for s in steps] == rounds
     assert all(r > 1 for r in rounds)  # about half of each batch is zero-std, so every step draws more
     assert any(r < 4 for r in rounds)  # and most find 4 informative groups before the last round
-    for rollout, r in spy.trained:
+    for (rollout, r, generated), s in zip(spy.trained, steps):
+        # generation throughput counts every round's tokens (more than the trained batch's when rounds were added)
+        assert generated > int(rollout.completion_lengths.sum())
+        assert s["rollout/tokens_per_sec"] * s["time/generation"] == pytest.approx(generated, rel=1e-4)
         assert rollout.num_rows == 4 * 8 and rollout.group.tolist() == [k // 8 for k in range(32)]
         informative = informative_groups(rollout.reward, 8)
         if r < 4:  # found enough before the last round: no zero-std group is trained
