@@ -115,7 +115,7 @@ class PolicyVersionSwitch(Callback):
         self.dynamic_sampling, self.max_sampling_rounds = bool(dynamic_sampling), max_sampling_rounds
         self._prompt_loader: Any = None
         self.last_sampling_rounds = 1
-        self.last_generated_tokens = 0  # completion tokens of every round of the last synchronous rollout
+        self.last_generated_tokens = 0  # dynamic sampling: completion tokens of every round of the last rollout
         self.async_rollouts: StatefulAsyncRollouts | None = None
         self._greedy: dict[int, Any] = {}
         self._pending: tuple[RolloutBatch | None, int, float] | None = None
@@ -215,7 +215,6 @@ class PolicyVersionSwitch(Callback):
             rollout = self.engine.rollout(batch, step=step, version=step)
         self.num_rollouts += 1
         self.last_sampling_rounds = 1
-        self.last_generated_tokens = int(rollout.completion_lengths.sum())
         if not self.dynamic_sampling:
             return rollout
         if self._prompt_loader is None:
