@@ -36,6 +36,7 @@ from torchmetrics import SumMetric
 
 from lit_llm.data.packing import is_packed, unpack_rows
 from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes, trim_host_memory
+from lit_llm.lightning.rng_state import gather_rng_states, restore_rng_states
 from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig, base_model_identity
 from lit_llm.objectives.sft import NonFiniteLossError, check_finite, sft_loss, sft_step_count
@@ -222,7 +223,9 @@ class PolicyModule(LightningModule):
 
     # ------------------------------------------------------------------------------------------------ resuming
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the optimizer classes (``"lit_llm_optimizers"``), so that a resume can name a changed one.
+        """Record the optimizer classes (``"lit_llm_optimizers"``), so that a resume can name a changed one, and every
+        rank's generator states (``"lit_llm_rng_states"``, :mod:`lit_llm.lightning.rng_state`: LoRA's dropout masks
+        continue as in the uninterrupted run).
 
         With ``use_peft``: drop the frozen base weights from ``checkpoint["state_dict"]`` (the adapters, which are the
         only trained weights, and the module's counters stay; the optimizer state covers the adapters only) and
@@ -232,6 +235,7 @@ class PolicyModule(LightningModule):
         the base from the ``model`` option (:meth:`on_load_checkpoint`)."""
         opts = self.trainer.optimizers if self._trainer is not None else []
         checkpoint["lit_llm_optimizers"] = [f"{type(o).__module__}.{type(o).__qualname__}" for o in opts]
+        checkpoint["lit_llm_rng_states"] = gather_rng_states()
         if not self.model_config.use_peft:
             return
         trainable = self._trainable_keys()
@@ -259,6 +263,7 @@ class PolicyModule(LightningModule):
         self._resumed_optimizers = (checkpoint.get("lit_llm_optimizers"),
                                     [o.get("param_groups", []) for o in checkpoint.get("optimizer_states", [])])
         self._checkpoint_step = int(checkpoint.get("global_step", 0))
+        self._resumed_rng_states = checkpoint.get("lit_llm_rng_states")
         record = checkpoint.get("lit_llm_peft")
         if record is None and not self.model_config.use_peft:
             return
@@ -322,7 +327,9 @@ class PolicyModule(LightningModule):
         return self.global_step if fitting else getattr(self, "_checkpoint_step", self.global_step)
 
     def on_train_start(self) -> None:
-        """After a resume: refuse another optimizer class, warn about a configured lr that the checkpoint overrides.
+        """After a resume: restore this rank's generator states (:mod:`lit_llm.lightning.rng_state`; last, right
+        before the first resumed step), refuse another optimizer class, warn about a configured lr that the
+        checkpoint overrides.
 
         Lightning restores the checkpoint's optimizer state, param groups included, into the optimizer this run
         built; another class then fails at its first step (e.g. ``KeyError: 'momentum'``) and a changed ``lr`` is
@@ -332,6 +339,8 @@ class PolicyModule(LightningModule):
             ValueError: the checkpoint was written with another optimizer class (both named) or with param groups
                 that lack this optimizer's hyperparameters.
         """
+        rng_states, self._resumed_rng_states = getattr(self, "_resumed_rng_states", None), None
+        restore_rng_states(rng_states, self.global_rank, self.trainer.world_size)
         saved = getattr(self, "_resumed_optimizers", None)
         if saved is None:
             return

@@ -166,3 +166,33 @@ def test_export_merges_adapters_into_a_plain_hf_folder(trained, tmp_path):
             theirs = hf.generate(p[None], attention_mask=torch.ones_like(p[None]), max_new_tokens=8,
                                  do_sample=False)[0, p.numel():]
             assert theirs.tolist() == mine.tolist()
+
+
+def _adapters(module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.model.named_parameters() if p.requires_grad}
+
+
+def test_resume_with_lora_dropout_draws_the_uninterrupted_runs_dropout_masks(tmp_path, monkeypatch):
+    # LoRA dropout draws from torch's global generator; the checkpoint keeps its state (lit_llm_rng_states), so a run
+    # interrupted after step 3 and resumed ends with the uninterrupted run's adapters, bit for bit.
+    def run(name: str, steps: int, ckpt_path: str | None = None) -> tuple[SFTModule, object]:
+        torch.manual_seed(0)
+        module = lora_module(lora_dropout=0.3)
+        torch.manual_seed(1234 if ckpt_path else 0)  # a resumed process starts from another generator state
+        fit(tmp_path, module, steps, name=name, ckpt_path=ckpt_path)
+        return module, tmp_path / name / "checkpoints" / "last.ckpt"
+
+    straight, _ = run("straight", 5)
+    _, ckpt = run("first", 3)
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)  # as Lightning's resume reads it
+    (state,) = saved["lit_llm_rng_states"]  # one process: one rank's states
+    assert set(state) == {"torch", "cuda", "python", "numpy"} and state["torch"].dtype == torch.uint8
+    resumed, _ = run("resumed", 5, ckpt_path=str(ckpt))
+    want = _adapters(straight)
+    for name, value in _adapters(resumed).items():
+        torch.testing.assert_close(value, want[name], rtol=0, atol=0, msg=name)
+
+    # without the restore the resumed steps draw other masks: the check above can fail
+    monkeypatch.setattr("lit_llm.lightning.module.restore_rng_states", lambda *args: False)
+    unrestored, _ = run("unrestored", 5, ckpt_path=str(ckpt))
+    assert any(not torch.equal(value, want[name]) for name, value in _adapters(unrestored).items())
