@@ -333,7 +333,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             ``train/frac_reward_zero_std`` stays the fraction over every group drawn, ``train/reward`` and the
             reward means are the trained batch's. Costs generation time (each round is a rollout) and uses up the
             epoch's prompts faster.
-        max_sampling_rounds: dynamic sampling: rollouts per step at most, the step's own included (>= 1).
+        max_sampling_rounds: dynamic sampling: rollouts per step at most, the step's own included (>= 1; >= 2 with
+            ``dynamic_sampling``, or no extra batch is ever drawn).
 
     Raises:
         ValueError: invalid settings (named in the message), e.g. an episode option without ``environment`` or
@@ -404,6 +405,11 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             raise ValueError(f"GRPOModule: {e}") from e
         if rollout_mode not in ("sync", "async"):
             raise ValueError(f"GRPOModule: rollout_mode must be 'sync' or 'async', got {rollout_mode!r}.")
+        if not isinstance(dynamic_sampling, bool):
+            raise ValueError(f"GRPOModule: dynamic_sampling must be true or false, got {dynamic_sampling!r}.")
+        if dynamic_sampling and max_sampling_rounds == 1:
+            raise ValueError("GRPOModule: dynamic_sampling with max_sampling_rounds 1 draws no extra prompt batch "
+                             "(the same as dynamic_sampling: false); set max_sampling_rounds >= 2, e.g. 3.")
         if dynamic_sampling and rollout_mode != "sync":
             raise ValueError("GRPOModule: dynamic_sampling needs rollout_mode 'sync' (it draws extra prompt batches "
                              "for the step being trained); set rollout_mode: sync or dynamic_sampling: false.")

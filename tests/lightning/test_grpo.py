@@ -230,6 +230,12 @@ def test_invalid_settings_are_named():
         GRPOModule("tiny", reward_funcs=[frac_reward], rollout_mode="async", dynamic_sampling=True)
     with pytest.raises(ValueError, match="max_sampling_rounds must be an integer >= 1"):
         GRPOModule("tiny", reward_funcs=[frac_reward], max_sampling_rounds=0)
+    with pytest.raises(ValueError, match="max_sampling_rounds 1 draws no extra prompt batch .* set max_sampling_rounds "
+                                         ">= 2"):
+        GRPOModule("tiny", reward_funcs=[frac_reward], dynamic_sampling=True, max_sampling_rounds=1)
+    GRPOModule("tiny", reward_funcs=[frac_reward], dynamic_sampling=False, max_sampling_rounds=1)  # unused: no error
+    with pytest.raises(ValueError, match="dynamic_sampling must be true or false, got None"):
+        GRPOModule("tiny", reward_funcs=[frac_reward], dynamic_sampling=None)
 
 
 def odd_answers_only(prompts, completions, completion_ids, answer, **kwargs):
