@@ -5,9 +5,9 @@ Lightning's checkpoints hold weights, optimizer and loop state but no generator 
 global generators after a resume is drawn anew: LoRA's dropout masks (``torch``'s global CPU / CUDA generator) are
 the ones this project's training uses (rollouts draw from their own per-row generators, greedy evaluation draws
 nothing). :class:`~lit_llm.lightning.module.PolicyModule` saves every rank's ``torch`` (CPU and CUDA), ``random``
-and NumPy states (plain lists and tensors, readable by a ``weights_only`` load) under ``checkpoint["lit_llm_rng_states"]`` (a list indexed by global rank) and restores its own
-rank's at ``on_train_start``, after Lightning's restore and data-loader set-up and right before the first resumed
-step.
+and NumPy states (plain lists and tensors, readable by a ``weights_only`` load) under
+``checkpoint["lit_llm_rng_states"]`` (a list indexed by global rank) and restores its own rank's at
+``on_train_start``, after Lightning's restore and data-loader set-up and right before the first resumed step.
 """
 
 from __future__ import annotations

@@ -183,7 +183,9 @@ class PolicyVersionSwitch(Callback):
         """The :class:`~lit_llm.rewards.TrainerState` the reward functions receive (TRL's ``trainer_state``), read
         from the trainer now: ``global_step`` (the step a synchronous rollout is for; the step the asynchronous
         producer generates at), ``epoch`` (epochs done: ``current_epoch + batches completed in it /
-        num_training_batches``, as transformers counts it) and ``max_steps`` (``trainer.max_steps``, else
+        num_training_batches``, as transformers counts it; with ``dynamic_sampling``, whose extra rounds use up the
+        epoch's batches faster than the steps count them, the prompt loader's own count: ``epoch + batches handed
+        out before the one being rolled out / batches per epoch``) and ``max_steps`` (``trainer.max_steps``, else
         ``estimated_stepping_batches``, which counts prompt batches; -1 if unbounded). Plain numbers, safe to read
         from the producer thread; ``TrainerState()`` before the callback is attached to a trainer."""
         trainer = self._trainer
@@ -191,7 +193,10 @@ class PolicyVersionSwitch(Callback):
             return TrainerState()
         epoch = float(trainer.current_epoch)
         batches = trainer.num_training_batches
-        if isinstance(batches, int) and batches > 0:
+        loader = self._prompt_loader
+        if loader is not None and len(loader) > 0:  # position counts the batch being rolled out, handed out already
+            epoch = loader.epoch + max(loader.position - 1, 0) / len(loader)
+        elif isinstance(batches, int) and batches > 0:
             epoch += trainer.fit_loop.epoch_loop.batch_progress.current.completed / batches
         max_steps = self._max_steps if self._max_steps is not None else int(trainer.max_steps)
         return TrainerState(global_step=int(trainer.global_step), epoch=epoch, max_steps=max_steps)

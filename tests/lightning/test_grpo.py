@@ -262,8 +262,13 @@ class RolloutSpy(Callback):
 
 
 def test_dynamic_sampling_trains_informative_groups_and_draws_extra_prompts():
-    spy = RolloutSpy()
-    module, steps = fit(4, reward_funcs=[odd_answers_only], dynamic_sampling=True, max_sampling_rounds=4,
+    spy, epochs = RolloutSpy(), set()
+
+    def odd_answers_recording_epoch(prompts, completions, completion_ids, answer, trainer_state, **kwargs):
+        epochs.add(trainer_state.epoch)
+        return odd_answers_only(prompts, completions, completion_ids, answer)
+
+    module, steps = fit(4, reward_funcs=[odd_answers_recording_epoch], dynamic_sampling=True, max_sampling_rounds=4,
                         callbacks=[spy], dm_kwargs={"batch_size": 4})
     assert len(spy.trained) == 4
     rounds = [r for _, r, _ in spy.trained]
@@ -280,6 +285,9 @@ def test_dynamic_sampling_trains_informative_groups_and_draws_extra_prompts():
             assert bool(informative.all())
     # the loader handed out one batch per round (the fit loop's own included)
     assert module.versions._prompt_loader.state_dict()["position"] == sum(rounds)
+    # the reward functions' trainer_state.epoch counts every batch drawn (200 prompts / 4 = 50 batches per epoch), not
+    # the optimizer steps: one value per round, 0, 1/50, 2/50, ...
+    assert sorted(epochs) == [i / 50 for i in range(sum(rounds))]
     # frac_reward_zero_std is over every group drawn: about half, never 0 although the trained batches are
     assert all(0 < s["train/frac_reward_zero_std"] < 1 for s in steps)
 
