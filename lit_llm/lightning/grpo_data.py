@@ -291,7 +291,7 @@ class GRPODataModule(LightningDataModule):
         num_train: training prompts: the number of synthetic problems (``None`` = 1000), or the row limit of
             ``path`` (``None`` = all rows).
         num_eval: evaluation prompts (held out of ``path``, the row limit of ``eval_path``, or the synthetic task's
-            evaluation problems).
+            evaluation problems). Holding out every row of ``path`` is a :class:`DataFormatError` naming it.
         low, high: arithmetic operand range (inclusive).
         ops: arithmetic operators among ``"+"``, ``"-"``, ``"*"``.
         template: arithmetic question template with ``{a}``, ``{op}``, ``{b}``.
@@ -403,8 +403,12 @@ class GRPODataModule(LightningDataModule):
             else:
                 order = list(range(len(train)))
                 random.Random(self.seed).shuffle(order)
-                k = min(self.num_eval, len(train) - 1)
-                out = set(order[:k])
+                if self.num_eval >= len(train):
+                    raise DataFormatError(
+                        f"GRPODataModule: num_eval={self.num_eval} would hold out every one of the {len(train)} rows "
+                        f"of --data.path {self.path} for evaluation (no data.eval_path given), leaving none to train "
+                        f"on. Fix: lower --data.num_eval (e.g. {max(len(train) // 10, 1)}), or give --data.eval_path.")
+                out = set(order[:self.num_eval])
                 held = [r for i, r in enumerate(train) if i in out]
                 train = [r for i, r in enumerate(train) if i not in out]
         self.columns = [k for k in train[0] if k not in RESERVED_KEYS]

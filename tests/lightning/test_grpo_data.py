@@ -146,6 +146,10 @@ def test_prompt_dataset_columns_reach_the_batch(tmp_path, tokenizer):
         assert ids.tolist() == list(expected["input_ids"] if isinstance(expected, dict) else expected)
     (val,) = list(dm.val_dataloader())
     assert set(val) == set(batch) and len(val["prompt"]) == 1
+    # holding out all 3 rows leaves nothing to train: an error naming num_eval (it was silently capped at 2)
+    with pytest.raises(DataFormatError, match=r"num_eval=3 would hold out every one of the 3 rows .* lower "
+                                              r"--data.num_eval .*or give --data.eval_path"):
+        GRPODataModule(path=str(path), num_eval=3, batch_size=1).setup()
 
 
 def test_string_prompts_text_or_chat(tmp_path, tokenizer):
