@@ -353,7 +353,8 @@ def _find_option(text: str, config: Mapping[str, Any] | None) -> tuple[str, Any]
     """The ``model``/``data`` init argument or ``trainer`` key named in ``text`` as an option (:func:`_option_like`:
     ``num_generations``, ``model.dtype``, ``accelerator='gpuu'``; a bare ``path`` in prose is not one), with its
     value. Of several, the first whose value holds a value quoted in ``text`` (``'strict_arithmetic_rewrd'`` is in
-    ``reward_funcs``, not ``eval_reward_funcs``), else the first named."""
+    ``reward_funcs``, not ``eval_reward_funcs``), else the first named. Options left unset (``None`` or empty) are
+    never named: a message that suggests one (``rename_columns``) was not caused by it."""
     if not config:
         return None
     candidates: dict[str, tuple[str, Any]] = {}
@@ -366,6 +367,8 @@ def _find_option(text: str, config: Mapping[str, Any] | None) -> tuple[str, Any]
             continue
         prefix = f"--{section}.init_args." if section != "trainer" else "--trainer."
         for k, v in init.items():
+            if v is None or (isinstance(v, (str, list, tuple, dict)) and not v):
+                continue  # unset (null, empty): a message naming it is advice, not the option's doing
             candidates.setdefault(k, (prefix + k, v))
     found = [candidates[w] for w in dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
              if w in candidates and len(w) > 2 and _option_like(w, text)]

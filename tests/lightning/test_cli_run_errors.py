@@ -119,7 +119,7 @@ def test_required_message_dashes_only_options():
 
 CONFIG = {"model": {"init_args": {"reward_funcs": ["strict_arithmetic_rewrd"], "eval_reward_funcs": ["x_reward"],
                                   "num_generations": 1, "dtype": "bfloat16"}},
-          "data": {"init_args": {"path": "p.jsonl", "task": None}},
+          "data": {"init_args": {"path": "p.jsonl", "task": None, "rename_columns": None, "ops": []}},
           "trainer": {"accelerator": "gpuu", "precision": "32-true"}}
 
 
@@ -133,6 +133,9 @@ CONFIG = {"model": {"init_args": {"reward_funcs": ["strict_arithmetic_rewrd"], "
     ("You selected an invalid accelerator name: `accelerator='gpuu'`.", "set by --trainer.accelerator gpuu; "),
     ("model.dtype='bfloat16' loads the weights in bfloat16", "set by --model.init_args.dtype bfloat16; "),
     ("the file at this path is empty; the task needs a dtype", "ValueError; "),
+    # an unset option the message suggests did not cause it (it was named "set by --data.init_args.rename_columns")
+    ("p.jsonl:row 1: no column 'answer'; map yours with `rename_columns={'sol': 'answer'}` or set `ops=[...]`",
+     "ValueError; "),
     # a quoted example path is not the option path
     ("No module 'my_agnt'; give the file: 'path/to/my_agnt.py:MyEnv'.", "ValueError; "),
 ])
