@@ -325,13 +325,13 @@ def _closeness(tolerance: float) -> Callable[[Decimal, Decimal], float]:
 
 
 #: ``(start, end, steps)`` of :func:`bare_number_closeness_curriculum_reward`'s tolerance (a fraction of ``|answer|``).
-CLOSENESS_CURRICULUM = (1.0, 0.1, 40)
+CLOSENESS_CURRICULUM = (1.0, 0.1, 20)
 
 
 def closeness_tolerance(step: int) -> float:
     """The tolerance of :func:`bare_number_closeness_curriculum_reward` at optimizer step ``step``: linear from
     ``CLOSENESS_CURRICULUM[0]`` at step 0 to ``CLOSENESS_CURRICULUM[1]`` at step ``CLOSENESS_CURRICULUM[2]``, then
-    constant (1.0 -> 0.1 over 40 steps: 0.55 at step 20)."""
+    constant (1.0 -> 0.1 over 20 steps: 0.55 at step 10)."""
     start, end, steps = CLOSENESS_CURRICULUM
     return max(end, start - (start - end) * max(int(step), 0) / steps)
 
@@ -342,7 +342,7 @@ def bare_number_closeness_curriculum_reward(prompts: list, completions: list, co
                                             ) -> list[float | None]:
     """:func:`bare_number_closeness_reward` whose window narrows as training goes on: for a bare integer ``x``,
     ``max(0, 1 - |x - a| / (s * max(|a|, 1)))`` with ``s = closeness_tolerance(trainer_state.global_step)`` (1.0 at
-    step 0, 0.1 from step 40; ``trainer_state=None`` counts as step 0); 0.0 for any other completion; ``None`` where
+    step 0, 0.1 from step 20; ``trainer_state=None`` counts as step 0); 0.0 for any other completion; ``None`` where
     the answer is missing.
 
     Why: with the wide window (``s = 1``) a constant near the middle of the answers' range (e.g. "105" for every

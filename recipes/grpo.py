@@ -48,10 +48,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="DAPO dynamic sampling (sync rollouts only: pass --no-dynamic-sampling with --rollout-mode "
                         "async)")
     p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--max-steps", type=int, default=60)
+    p.add_argument("--max-steps", type=int, default=50)
     p.add_argument("--max-time", default="00:00:30:00", help="wall-clock cap, dd:hh:mm:ss")
     p.add_argument("--eval-every", type=int, default=10, help="optimizer steps between greedy evaluations")
-    p.add_argument("--checkpoint-every", type=int, default=20, help="optimizer steps between checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=25, help="optimizer steps between checkpoints")
     p.add_argument("--num-eval", type=int, default=200, help="held-out problems for greedy evaluation")
     p.add_argument("--precision", default="32-true", choices=list(dict.fromkeys(map(str, PRECISION_VALUES))),
                    metavar="PRECISION",
@@ -71,7 +71,7 @@ def build(argv: Sequence[str] | None = None) -> tuple[GRPOModule, GRPODataModule
     out = Path(args.out)
 
     # 1. The policy and GRPO's knobs (TRL names). The rewards: the exact answer, and a bare integer's closeness to it
-    #    in a window that narrows from 100% to 10% of the answer over 40 steps. Advantages are group-centred but
+    #    in a window that narrows from 100% to 10% of the answer over 20 steps. Advantages are group-centred but
     #    scaled by the batch std ("batch"). Dynamic sampling (DAPO) replaces groups whose rewards are all equal by
     #    informative groups of the next prompt batches (3 rollouts per step at most).
     module = GRPOModule(

@@ -553,14 +553,16 @@ def test_bare_number_digit_reward_gives_a_constant_guess_less_than_the_units_dig
 
 
 def test_bare_number_closeness_curriculum_narrows_the_window():
-    # tolerance s: 1.0 at step 0, linear to 0.1 at step 40, then 0.1; reward max(0, 1 - |x - a| / (s * |a|)).
-    assert [closeness_tolerance(t) for t in (0, 20, 40, 100)] == [1.0, 1.0 - 0.9 * 20 / 40, 0.1, 0.1]
+    # tolerance s: 1.0 at step 0, linear to 0.1 at step 20, then 0.1; reward max(0, 1 - |x - a| / (s * |a|)).
+    assert [closeness_tolerance(t) for t in (0, 10, 20, 100)] == [1.0, 1.0 - 0.9 * 10 / 20, 0.1, 0.1]
+    assert closeness_tolerance(-3) == 1.0
     completions, answers = ["80", "105", "100", "1 + 1"], ["100"] * 4
     at = {t: bare_number_closeness_curriculum_reward([], completions, None, trainer_state=TrainerState(global_step=t),
-                                                     answer=answers) for t in (0, 20, 40)}
+                                                     answer=answers) for t in (0, 10, 20, 40)}
     assert at[0] == [0.8, 0.95, 1.0, 0.0]
-    assert at[20] == pytest.approx([1 - 20 / 55, 1 - 5 / 55, 1.0, 0.0], rel=1e-12)  # s = 0.55
-    assert at[40] == pytest.approx([0.0, 1 - 5 / 10, 1.0, 0.0], rel=1e-12)
+    assert at[10] == pytest.approx([1 - 20 / 55, 1 - 5 / 55, 1.0, 0.0], rel=1e-12)  # s = 0.55
+    assert at[20] == pytest.approx([0.0, 1 - 5 / 10, 1.0, 0.0], rel=1e-12)  # s = 0.1
+    assert at[40] == at[20]
     assert bare_number_closeness_curriculum_reward([], ["90"], None, answer=["100"]) == [0.9]  # no trainer_state
 
 
