@@ -53,6 +53,8 @@ def _assert_adapter_checkpoint(run: DDPRun) -> None:
     assert saved["lit_llm_peft"]["base_model"]["model_name_or_path"] == "tiny"
     assert len(saved["optimizer_states"][0]["state"]) == len(model_keys)
     assert saved["global_step"] == 3
+    # every rank's generator states (gathered over gloo), so each rank's LoRA dropout stream continues on resume
+    assert [sorted(state) for state in saved["lit_llm_rng_states"]] == [["cuda", "numpy", "python", "torch"]] * 2
 
 
 @pytest.mark.timeout(300)
