@@ -18,7 +18,7 @@ emulation of an AVX2-only CPU on an AVX-512 machine (the kernels torch, oneDNN a
 speed). The sweep is a measurement, not a test: 5 seeds take about an hour on a 2-core CPU. Runs on a loaded machine
 give the same accuracies (rollouts are seeded, and a run is bit-reproducible at a given thread count and CPU
 capability) but longer wall times; the script prints the 1-minute load average at the start and end of each run. The
-demo config's ``trainer.max_time`` (30 min) stops a slow run early: on a loaded machine pass
+demo config's ``trainer.max_time`` (60 min) stops a slow run early: on a loaded machine pass
 ``-- --trainer.max_time null`` to see every step. Recipe variants go after ``--`` too, e.g.
 ``-- --model.init_args.reward_funcs "[strict_arithmetic_reward, bare_number_closeness_curriculum_reward]"
 --model.init_args.reward_weights "[1.0, 1.0]"``.

@@ -49,7 +49,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "async)")
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--max-steps", type=int, default=50)
-    p.add_argument("--max-time", default="00:00:30:00", help="wall-clock cap, dd:hh:mm:ss")
+    p.add_argument("--max-time", default="00:01:00:00", help="wall-clock cap, dd:hh:mm:ss")
     p.add_argument("--eval-every", type=int, default=10, help="optimizer steps between greedy evaluations")
     p.add_argument("--checkpoint-every", type=int, default=25, help="optimizer steps between checkpoints")
     p.add_argument("--num-eval", type=int, default=200, help="held-out problems for greedy evaluation")

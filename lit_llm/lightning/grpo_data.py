@@ -291,7 +291,8 @@ class GRPODataModule(LightningDataModule):
         num_train: training prompts: the number of synthetic problems (``None`` = 1000), or the row limit of
             ``path`` (``None`` = all rows).
         num_eval: evaluation prompts (held out of ``path``, the row limit of ``eval_path``, or the synthetic task's
-            evaluation problems). Holding out every row of ``path`` is a :class:`DataFormatError` naming it.
+            evaluation problems). Holding out so many rows of ``path`` that fewer than ``batch_size`` remain is a
+            :class:`DataFormatError` naming it.
         low, high: arithmetic operand range (inclusive).
         ops: arithmetic operators among ``"+"``, ``"-"``, ``"*"``.
         template: arithmetic question template with ``{a}``, ``{op}``, ``{b}``.
@@ -403,11 +404,17 @@ class GRPODataModule(LightningDataModule):
             else:
                 order = list(range(len(train)))
                 random.Random(self.seed).shuffle(order)
-                if self.num_eval >= len(train):
+                read = (f"the {len(train)} rows of --data.path {self.path}" if self.num_train is None else
+                        f"the {len(train)} rows read from --data.path {self.path} (data.num_train={self.num_train} "
+                        f"limits them)")
+                if len(train) - self.num_eval < self.batch_size:
                     raise DataFormatError(
-                        f"GRPODataModule: num_eval={self.num_eval} would hold out every one of the {len(train)} rows "
-                        f"of --data.path {self.path} for evaluation (no data.eval_path given), leaving none to train "
-                        f"on. Fix: lower --data.num_eval (e.g. {max(len(train) // 10, 1)}), or give --data.eval_path.")
+                        f"GRPODataModule: num_eval={self.num_eval} holds out {min(self.num_eval, len(train))} of "
+                        f"{read} for evaluation (no data.eval_path given), leaving "
+                        f"{max(len(train) - self.num_eval, 0)} to train on, fewer than one step's "
+                        f"batch_size={self.batch_size}. Fix: lower --data.num_eval, give --data.eval_path"
+                        + (", raise --data.num_train" if self.num_train is not None else "") + " or lower "
+                        "--data.batch_size.")
                 out = set(order[:self.num_eval])
                 held = [r for i, r in enumerate(train) if i in out]
                 train = [r for i, r in enumerate(train) if i not in out]

@@ -340,7 +340,10 @@ class PolicyModule(LightningModule):
                 that lack this optimizer's hyperparameters.
         """
         rng_states, self._resumed_rng_states = getattr(self, "_resumed_rng_states", None), None
-        restore_rng_states(rng_states, self.global_rank, self.trainer.world_size)
+        if rng_states and not restore_rng_states(rng_states, self.global_rank, self.trainer.world_size):
+            rank_zero_warn(f"The checkpoint's random generator states were saved by {len(rng_states)} process(es), "
+                           f"this run has {self.trainer.world_size}: they are not restored, so anything drawn from "
+                           f"the global generators (LoRA dropout masks) differs from the uninterrupted run.")
         saved = getattr(self, "_resumed_optimizers", None)
         if saved is None:
             return

@@ -147,9 +147,15 @@ def test_prompt_dataset_columns_reach_the_batch(tmp_path, tokenizer):
     (val,) = list(dm.val_dataloader())
     assert set(val) == set(batch) and len(val["prompt"]) == 1
     # holding out all 3 rows leaves nothing to train: an error naming num_eval (it was silently capped at 2)
-    with pytest.raises(DataFormatError, match=r"num_eval=3 would hold out every one of the 3 rows .* lower "
-                                              r"--data.num_eval .*or give --data.eval_path"):
+    with pytest.raises(DataFormatError, match=r"num_eval=3 holds out 3 of the 3 rows of --data.path .* leaving 0 "
+                                              r"to train on, fewer than one step's batch_size=1. Fix: lower "
+                                              r"--data.num_eval, give --data.eval_path or lower --data.batch_size"):
         GRPODataModule(path=str(path), num_eval=3, batch_size=1).setup()
+    # rows remain, but fewer than one step needs (it failed later, blaming batch_size only); num_train is named
+    with pytest.raises(DataFormatError, match=r"num_eval=1 holds out 1 of the 3 rows read from --data.path .*"
+                                              r"\(data.num_train=3 limits them\) .*leaving 2 .* batch_size=4. Fix: "
+                                              r".*raise --data.num_train"):
+        GRPODataModule(path=str(path), num_train=3, num_eval=1, batch_size=4).setup()
 
 
 def test_string_prompts_text_or_chat(tmp_path, tokenizer):
