@@ -196,3 +196,13 @@ def test_resume_with_lora_dropout_draws_the_uninterrupted_runs_dropout_masks(tmp
     monkeypatch.setattr("lit_llm.lightning.module.restore_rng_states", lambda *args: False)
     unrestored, _ = run("unrestored", 5, ckpt_path=str(ckpt))
     assert any(not torch.equal(value, want[name]) for name, value in _adapters(unrestored).items())
+
+
+def test_resume_with_another_process_count_warns_that_generators_are_not_restored(trained, tmp_path):
+    _, _, ckpt, _ = trained
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+    saved["lit_llm_rng_states"] = saved["lit_llm_rng_states"] * 2  # as if written by 2 DDP processes
+    two = tmp_path / "two_ranks.ckpt"
+    torch.save(saved, two)
+    with pytest.warns(UserWarning, match=r"saved by 2 process\(es\), this run has 1: they are not restored"):
+        fit(tmp_path, lora_module(), 3, name="other_count", ckpt_path=str(two))
