@@ -404,16 +404,17 @@ class GRPODataModule(LightningDataModule):
             else:
                 order = list(range(len(train)))
                 random.Random(self.seed).shuffle(order)
-                read = (f"the {len(train)} rows of --data.path {self.path}" if self.num_train is None else
+                limited = self.num_train is not None and len(train) >= self.num_train  # num_train cut the file
+                read = (f"the {len(train)} rows of --data.path {self.path}" if not limited else
                         f"the {len(train)} rows read from --data.path {self.path} (data.num_train={self.num_train} "
                         f"limits them)")
-                if len(train) - self.num_eval < self.batch_size:
+                if self.num_eval > 0 and len(train) - self.num_eval < self.batch_size:
                     raise DataFormatError(
                         f"GRPODataModule: num_eval={self.num_eval} holds out {min(self.num_eval, len(train))} of "
                         f"{read} for evaluation (no data.eval_path given), leaving "
                         f"{max(len(train) - self.num_eval, 0)} to train on, fewer than one step's "
                         f"batch_size={self.batch_size}. Fix: lower --data.num_eval, give --data.eval_path"
-                        + (", raise --data.num_train" if self.num_train is not None else "") + " or lower "
+                        + (", raise --data.num_train" if limited else "") + " or lower "
                         "--data.batch_size.")
                 out = set(order[:self.num_eval])
                 held = [r for i, r in enumerate(train) if i in out]

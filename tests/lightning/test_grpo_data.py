@@ -156,6 +156,10 @@ def test_prompt_dataset_columns_reach_the_batch(tmp_path, tokenizer):
                                               r"\(data.num_train=3 limits them\) .*leaving 2 .* batch_size=4. Fix: "
                                               r".*raise --data.num_train"):
         GRPODataModule(path=str(path), num_train=3, num_eval=1, batch_size=4).setup()
+    # a num_train above the file's rows limits nothing: not named
+    with pytest.raises(DataFormatError, match=r"1 of the 3 rows of --data.path \S+ for") as err:
+        GRPODataModule(path=str(path), num_train=64, num_eval=1, batch_size=4).setup()
+    assert "num_train" not in str(err.value)
 
 
 def test_string_prompts_text_or_chat(tmp_path, tokenizer):
