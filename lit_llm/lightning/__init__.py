@@ -2,6 +2,7 @@
 
 from lit_llm.lightning.callbacks import ValidationSamples
 from lit_llm.lightning.datamodules import SFTDataModule, StepBatchLoader
-from lit_llm.lightning.module import PolicyModule, SFTModule
+from lit_llm.lightning.module import PolicyModule
+from lit_llm.lightning.sft import SFTModule
 
 __all__ = ["PolicyModule", "SFTDataModule", "SFTModule", "StepBatchLoader", "ValidationSamples"]

@@ -53,10 +53,8 @@ whole episodes (prompt and completion, with the evaluation table's columns); val
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -65,170 +63,39 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lit_llm.lightning.episode_metrics import (
-    EPISODE_EVAL_METRICS,
-    episode_columns,
-    episode_metrics,
-    episode_sample_table,
-    episode_times,
+from lit_llm.lightning.environment_option import (
+    EnvironmentConfig,
+    EnvironmentSpec,
+    check_environment_task,
+    environment_factory,
+    environment_hparam,
+    environment_unresolved,
 )
-from lit_llm.lightning.grpo_data import BUILTIN_TASKS, ENVIRONMENT_TASKS
+from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS
+from lit_llm.lightning.grpo_data import ENVIRONMENT_TASKS
 from lit_llm.lightning.grpo_eval import GreedyEvaluation
+from lit_llm.lightning.grpo_metrics import GRPOStepStats, rollout_metrics, sample_table
+from lit_llm.lightning.grpo_options import (
+    DEFAULT_REWARDS,
+    RewardSpec,
+    build_objective,
+    build_rewards,
+    check_old_log_probs,
+    episode_settings,
+    owner_errors,
+)
 from lit_llm.lightning.module import PolicyModule
 from lit_llm.lightning.tables import append_csv, log_table
 from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL, DType
 from lit_llm.objectives.correction import RolloutCorrection
-from lit_llm.objectives.grpo import LOSS_TYPES, GRPOObjective, check_advantage_settings
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
-from lit_llm.rewards import RewardError, RewardFunctions
 from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutEngine
-from lit_llm.rollouts.engine import RESERVED_KEYS, _mix_seed
-from lit_llm.rollouts.envs import EnvironmentSpecError, builtin_environment_name, resolve_environment
+from lit_llm.rollouts.engine import RESERVED_KEYS, mix_seed
+from lit_llm.rollouts.settings import RolloutSettings, check_count
 
-__all__ = ["DEFAULT_REWARDS", "GRPOModule", "check_environment_task", "check_old_log_probs", "environment_hparam",
-           "environment_unresolved"]
-
-#: Shaped arithmetic reward (the base model rarely answers with just the number: format + answer).
-DEFAULT_REWARDS = ("lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
-                   "lit_llm.rewards:strict_number_format_reward")
-
-RewardSpec = str | Callable[..., Any]
-#: An environment spec (:func:`~lit_llm.rollouts.envs.resolve_environment`): a built-in name, an import path, a
-#: ``{"class_path": ..., "init_args": {...}}`` dict (or, in Python, a class or factory).
-EnvironmentSpec = str | dict[str, Any]
-
-
-class EnvironmentConfig:
-    """An ``environment`` value from a config file or the command line (a string or a ``{class_path, init_args}``
-    dict), held as given until :class:`GRPOModule` unwraps it (:attr:`spec`).
-
-    Why a wrapper: jsonargparse treats any dict with ``class_path`` + ``init_args`` inside a subclass's init args as a
-    class spec of its own and imports ``class_path`` with plain ``__import__`` when it merges configs, so
-    ``{class_path: my_agent.MyEnv, init_args: ...}`` failed with ``No module named 'my_agent'`` for a module in the
-    current directory and ``my_agent:MyEnv`` / ``path/to/file.py:MyEnv`` failed as import paths. Registered as a
-    jsonargparse type (its value serializes back to the plain spec in ``--print_config`` and saved configs), the
-    spec reaches :func:`~lit_llm.rollouts.envs.resolve_environment` untouched, whose loader puts the cwd first.
-    """
-
-    __slots__ = ("spec",)
-
-    def __init__(self, spec: EnvironmentSpec) -> None:
-        if isinstance(spec, EnvironmentConfig):
-            spec = spec.spec
-        if not isinstance(spec, (str, dict)):
-            raise ValueError(f"environment must be a built-in name, an import path 'my_agent:MyEnv' or a "
-                             f"{{class_path: ..., init_args: {{...}}}} mapping, got {type(spec).__name__} "
-                             f"{spec!r:.80}.")
-        self.spec = spec
-
-    def __repr__(self) -> str:
-        return f"EnvironmentConfig({self.spec!r})"
-
-    def __str__(self) -> str:
-        """The spec as given (what the CLI's error hint shows after the option)."""
-        return str(self.spec)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, EnvironmentConfig) and other.spec == self.spec
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def _register_environment_config() -> None:
-    from jsonargparse.typing import register_type
-
-    register_type(EnvironmentConfig, serializer=lambda c: c.spec, deserializer=EnvironmentConfig)
-
-
-_register_environment_config()
-
-
-_ENVIRONMENT_UNRESOLVED: contextvars.ContextVar[bool] = contextvars.ContextVar("lit_llm_environment_unresolved",
-                                                                               default=False)
-
-
-@contextlib.contextmanager
-def environment_unresolved() -> Iterator[None]:
-    """Within this context, :class:`GRPOModule` keeps its ``environment`` spec without importing it: what loading a
-    checkpoint for its weights alone needs (``lit-llm export``, ``chat``, ``evaluate``; see
-    :func:`lit_llm.lightning.export.load_checkpoint_module`), from a folder where the environment's module is not
-    importable. The module's ``env_factory`` then raises ``RuntimeError`` when called (episodes need the
-    environment), and ``hparams["environment"]`` stays as saved."""
-    token = _ENVIRONMENT_UNRESOLVED.set(True)
-    try:
-        yield
-    finally:
-        _ENVIRONMENT_UNRESOLVED.reset(token)
-
-
-def _unresolved_factory(spec: Any) -> Callable[[], Any]:
-    def make() -> Any:
-        raise RuntimeError(f"GRPOModule: this module was loaded for its weights only, without importing its "
-                           f"environment {spec!r:.100} (environment_unresolved); rebuild it outside that context (e.g. "
-                           f"lit-llm fit / validate from the run's folder) to run episodes.")
-    return make
-
-
-def environment_hparam(spec: Any) -> Any:
-    """``spec`` as the module's ``environment`` hyperparameter: a class or function (also a dict's ``class_path``)
-    becomes its import path ``"module:QualifiedName"``, so checkpoints hold plain data (Lightning loads them with
-    ``weights_only``); strings, dicts of strings and objects without an importable name (local classes) are kept."""
-    if isinstance(spec, dict):
-        return {**spec, "class_path": environment_hparam(spec["class_path"])} if "class_path" in spec else spec
-    qualname, module = getattr(spec, "__qualname__", None), getattr(spec, "__module__", None)
-    if isinstance(spec, str) or not qualname or not module or "<locals>" in qualname:
-        return spec
-    return f"{module}:{qualname}"
-
-
-def check_environment_task(env_factory: Callable[[], Any] | None, task: str | None) -> None:
-    """Check that a built-in environment runs on its own built-in task's rows.
-
-    ``model.environment: calculator`` with ``data.task: arithmetic`` would train without any error (the arithmetic
-    rows have the ``answer`` column the calculator needs) on prompts the environment was not made for. Only built-in
-    pairs are checked: a user environment, or the prompts of a file (``task`` ``None``), may be anything (their
-    columns are checked by :meth:`~lit_llm.rollouts.EpisodeEngine.check_columns`).
-
-    Args:
-        env_factory: the module's environment factory (``None``: single-turn GRPO; nothing to check).
-        task: the data module's ``task`` (:data:`~lit_llm.lightning.grpo_data.BUILTIN_TASKS`, or ``None`` for a file).
-
-    Raises:
-        ValueError: a built-in environment (:func:`~lit_llm.rollouts.envs.builtin_environment_name`) with another
-            built-in task; the message names both options and the fixes.
-    """
-    name = None if env_factory is None else builtin_environment_name(env_factory)
-    if name is None or task not in BUILTIN_TASKS or task == name:
-        return
-    other = (f"set --model.init_args.environment {task} for {task!r} episodes" if task in ENVIRONMENT_TASKS
-             else f"drop --model.init_args.environment for single-turn GRPO on the {task!r} prompts")
-    raise ValueError(f"GRPOModule: model.environment={name!r} plays its episodes on the rows of data.task={name!r}, "
-                     f"but data.task={task!r}: its prompts were not made for the {name!r} environment (training "
-                     f"would run without an error, on the wrong task). Fix: set --data.task {name}, or --data.task "
-                     f"null with --data.path <your rows> (a 'prompt' column and the environment's columns), or "
-                     f"{other}.")
-
-
-def check_old_log_probs(old_log_probs: str, rollout_correction: str, rollout_mode: str) -> None:
-    """Check the old-log-prob source against the rollout correction and the rollout mode.
-
-    Raises:
-        ValueError: ``old_log_probs`` not ``rollout`` / ``recompute``; a ``rollout_correction`` without
-            ``old_log_probs: recompute`` (its weight is recomputed-old over generation-time probability); in async
-            mode, ``recompute`` without a correction (the ratio would start at 1 and hide the rollout's staleness).
-    """
-    if old_log_probs not in ("rollout", "recompute"):
-        raise ValueError(f"GRPOModule: old_log_probs must be 'rollout' (generation-time) or 'recompute' (the "
-                         f"training forward under no-grad), got {old_log_probs!r}.")
-    if rollout_correction != "none" and old_log_probs != "recompute":
-        raise ValueError(f"GRPOModule: rollout_correction={rollout_correction!r} weighs tokens by recomputed-old over "
-                         f"generation-time probability; set old_log_probs: recompute (or rollout_correction: none).")
-    if rollout_mode == "async" and old_log_probs == "recompute" and rollout_correction == "none":
-        raise ValueError("GRPOModule: rollout_mode async with old_log_probs: recompute and no rollout_correction "
-                         "would hide the rollouts' staleness (the ratio starts at 1 on the trainer's weights); set "
-                         "rollout_correction (e.g. token_truncate) or old_log_probs: rollout.")
-
+__all__ = ["DEFAULT_REWARDS", "EnvironmentConfig", "GRPOModule", "check_environment_task", "check_old_log_probs",
+           "environment_hparam", "environment_unresolved"]
 
 class GRPOModule(GreedyEvaluation, PolicyModule):
     """Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) with TRL's knobs (see module docstring).
@@ -258,7 +125,14 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         max_new_tokens: generation budget per completion (TRL ``max_completion_length``).
         temperature: sampling temperature (> 0); the log-prob version scores at the same temperature.
         top_p, top_k: optional nucleus / top-k sampling (log-probs stay those of the full tempered distribution).
-        loss_type: ``"dapo"`` (default, global token count of the step), ``"grpo"``, ``"dr_grpo"``, ``"bnpo"``.
+        loss_type: ``"dapo"`` (``None``, the default: ``"dapo"``, or the ``objective`` class's own; the global
+            token count of the step), ``"grpo"``, ``"dr_grpo"``, ``"bnpo"``, ``"cispo"``
+            (:mod:`lit_llm.objectives.loss_types`).
+        objective: a user's GRPO objective by import path (``"my_loss:MyObjective"``: a module importable or in the
+            current directory, or ``"path/to/my_loss.py:MyObjective"``): a subclass of
+            :class:`~lit_llm.objectives.GRPOObjective` built with this module's objective knobs
+            (:func:`~lit_llm.lightning.grpo_options.build_objective`); ``None``: the built-in ``loss_type``. A
+            ``loss_type`` other than the class's own is an error naming both.
         epsilon, epsilon_high: clip range ``[1 - epsilon, 1 + epsilon_high]`` (``None`` = ``epsilon``); with
             ``loss_type="cispo"`` ``epsilon_high`` is the absolute importance-weight cap (TRL recommends 5.0; a
             value <= 1 caps every token's weight and warns).
@@ -352,7 +226,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  lora_target_modules: list[str] | None = None, reward_funcs: Sequence[RewardSpec] | None = None,
                  reward_weights: list[float] | None = None, num_generations: int = 8, max_new_tokens: int = 32,
                  temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None,
-                 loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo"] = "dapo", epsilon: float = 0.2,
+                 loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo"] | None = None,
+                 objective: str | None = None, epsilon: float = 0.2,
                  epsilon_high: float | None = None, beta: float = 0.0,
                  scale_rewards: Literal["group", "batch", "none"] = "group",
                  mask_truncated_completions: bool = False, num_iterations: int = 1, micro_batch_size: int = 16,
@@ -379,160 +254,71 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                          optimizer=optimizer, lr_scheduler=lr_scheduler, grad_clip=grad_clip,
                          on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
                          chunk_size=chunk_size)
-        checks = {"num_generations": (num_generations, 2), "max_new_tokens": (max_new_tokens, 1),
-                  "num_iterations": (num_iterations, 1), "micro_batch_size": (micro_batch_size, 1),
-                  "sync_every": (sync_every, 1), "max_staleness": (max_staleness, 0),
-                  "max_sampling_rounds": (max_sampling_rounds, 1)}
-        if rollout_workers is not None:
-            checks["rollout_workers"] = (rollout_workers, 1)
-        for name, (value, low) in checks.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"GRPOModule: {name} must be an integer >= {low}, got {value!r}.")
-        if not temperature > 0:
-            raise ValueError(f"GRPOModule: temperature must be > 0 (GRPO samples), got {temperature}.")
-        if loss_type not in LOSS_TYPES:
-            raise ValueError(f"GRPOModule: unknown loss_type {loss_type!r}; choose dapo, grpo, dr_grpo, bnpo or cispo.")
-        if loss_type == "cispo" and epsilon_high is not None and 0 < epsilon_high <= 1:
-            rank_zero_warn(f"GRPOModule: loss_type='cispo' with epsilon_high={epsilon_high}: CISPO's epsilon_high is "
-                           f"an absolute cap on the importance-sampling weight (TRL's semantics, ScaleRL's eps_max), "
-                           f"not a clip width, so every token's weight is capped at {epsilon_high} (below the "
-                           f"on-policy weight 1). Set epsilon_high above 1, e.g. 5.0 (TRL's recommended value for "
-                           f"cispo).")
-        check_old_log_probs(old_log_probs, rollout_correction, rollout_mode)
-        try:  # the estimator's own checks (e.g. reinforce_plus_plus with scale_rewards: group), before any rollout
-            check_advantage_settings(num_generations, scale_rewards, advantage_estimator)
-        except ValueError as e:
-            raise ValueError(f"GRPOModule: {e}") from e
-        if rollout_mode not in ("sync", "async"):
-            raise ValueError(f"GRPOModule: rollout_mode must be 'sync' or 'async', got {rollout_mode!r}.")
-        if not isinstance(dynamic_sampling, bool):
-            raise ValueError(f"GRPOModule: dynamic_sampling must be true or false, got {dynamic_sampling!r}.")
-        if dynamic_sampling and max_sampling_rounds == 1:
-            raise ValueError("GRPOModule: dynamic_sampling with max_sampling_rounds 1 draws no extra prompt batch "
-                             "(the same as dynamic_sampling: false); set max_sampling_rounds >= 2, e.g. 3.")
-        if dynamic_sampling and rollout_mode != "sync":
-            raise ValueError("GRPOModule: dynamic_sampling needs rollout_mode 'sync' (it draws extra prompt batches "
-                             "for the step being trained); set rollout_mode: sync or dynamic_sampling: false.")
-        if beta < 0:
-            raise ValueError(f"GRPOModule: beta must be >= 0, got {beta}.")
-        if isinstance(environment, EnvironmentConfig):  # from the CLI: the plain spec (also in hparams)
-            environment = environment.spec
-        episode_options = {"max_turns": max_turns, "max_tool_calling_iterations": max_tool_calling_iterations,
-                           "max_episode_tokens": max_episode_tokens, "tool_timeout": tool_timeout}
-        if environment is None:
-            given = [k for k, v in episode_options.items() if v is not None]
-            given += ["env_reward_weight"] if env_reward_weight != 1.0 else []
-            if given:
-                raise ValueError(f"GRPOModule: {given} apply to multi-turn episodes only, but no environment is set. "
-                                 f"Set --model.init_args.environment (e.g. calculator), or drop them.")
-        elif (isinstance(max_turns, int) and isinstance(max_tool_calling_iterations, int)
-              and max_turns != max_tool_calling_iterations + 1):
-            k = max_tool_calling_iterations
-            raise ValueError(f"GRPOModule: max_turns={max_turns} and max_tool_calling_iterations={k} disagree "
-                             f"(max_turns = iterations + 1: the model answers once more after the last environment "
-                             f"reply); set only one. A config that sets one keeps it when the other is given on the "
-                             f"command line: pass it as null, e.g. --model.init_args.max_tool_calling_iterations {k} "
-                             f"--model.init_args.max_turns null, or --model.init_args.max_turns {max_turns} "
-                             f"--model.init_args.max_tool_calling_iterations null.")
-        elif loss_type == "dr_grpo" and max_episode_tokens is None:
-            raise ValueError("GRPOModule: loss_type='dr_grpo' divides by a constant completion length, which with an "
-                             "environment is max_episode_tokens (the budget of an episode's completion, sampled + "
-                             "environment ids); set max_episode_tokens, or choose another loss_type.")
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.environment, self.env_factory = environment_factory(environment)
+        if self.environment is not None:  # checkpoints hold an import path, not a class (resume loads weights_only)
+            self.hparams["environment"] = environment_hparam(self.environment)
+        with owner_errors("GRPOModule"):
+            check_count("num_iterations", num_iterations, 1)
+            check_count("micro_batch_size", micro_batch_size, 1)
+            self.rollout_settings = RolloutSettings(
+                num_generations=num_generations, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                top_k=top_k, scale_rewards=scale_rewards, advantage_estimator=advantage_estimator,
+                seed=rollout_seed, chat_template=chat_template, chat_template_kwargs=self.chat_template_kwargs,
+                batching=batching, num_workers=rollout_workers, rollout_mode=rollout_mode, sync_every=sync_every,
+                max_staleness=max_staleness, dynamic_sampling=dynamic_sampling,
+                max_sampling_rounds=max_sampling_rounds)
+            self.episode_settings = episode_settings(
+                self.env_factory, max_turns=max_turns, max_tool_calling_iterations=max_tool_calling_iterations,
+                max_episode_tokens=max_episode_tokens, tool_timeout=tool_timeout, env_reward_weight=env_reward_weight)
+            check_old_log_probs(old_log_probs, rollout_correction, rollout_mode)
+            self.objective = build_objective(
+                objective, loss_type=loss_type, with_environment=self.env_factory is not None, epsilon=epsilon,
+                epsilon_high=epsilon_high, beta=beta, mask_truncated_completions=mask_truncated_completions,
+                max_completion_length=max_new_tokens if self.env_factory is None else max_episode_tokens,
+                importance_sampling_level=importance_sampling_level, entropy_coef=entropy_coef,
+                rollout_correction=rollout_correction, rollout_correction_clip_max=rollout_correction_clip_max,
+                rollout_correction_clip_min=rollout_correction_clip_min)
+            self.rewards, self.eval_rewards = build_rewards(reward_funcs, reward_weights, eval_reward_funcs,
+                                                            with_environment=self.env_factory is not None)
         if micro_batch_size % num_generations:
             rank_zero_warn(f"GRPOModule: micro_batch_size={micro_batch_size} is not a multiple of num_generations="
                            f"{num_generations}: some prompt groups straddle two micro-batches and their prompt runs "
                            f"through the backbone twice (same numbers, more compute).")
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.num_generations, self.max_new_tokens, self.temperature = num_generations, max_new_tokens, temperature
-        self.loss_type, self.epsilon, self.epsilon_high, self.beta = loss_type, epsilon, epsilon_high, beta
-        self.scale_rewards, self.mask_truncated_completions = scale_rewards, mask_truncated_completions
+        self.loss_type, self.beta = self.objective.loss_type, beta
         self.num_iterations, self.micro_batch_size = num_iterations, micro_batch_size
         self.share_prompts = share_prompts and not gradient_checkpointing
-        self.rollout_mode, self.sync_every, self.max_staleness = rollout_mode, sync_every, max_staleness
-        self.log_samples_every, self.num_logged_samples, self.eval_samples = (log_samples_every, num_logged_samples,
-                                                                              eval_samples)
-        self.eval_max_new_tokens = eval_max_new_tokens or max_new_tokens
-        self.environment = environment
-        if environment is None:
-            self.env_factory = None
-        elif _ENVIRONMENT_UNRESOLVED.get():  # loaded for the weights alone (export): the spec is not imported
-            self.env_factory = _unresolved_factory(environment)
-        else:
-            try:
-                self.env_factory = resolve_environment(environment)
-            except EnvironmentSpecError as e:  # names its option (the CLI's hint looks options up by name)
-                raise EnvironmentSpecError(f"GRPOModule: model.environment: {e}") from e
-        if environment is not None:  # checkpoints hold an import path, not a class (resume loads weights_only)
-            self.hparams["environment"] = environment_hparam(environment)
-        if reward_funcs is None:
-            reward_funcs = DEFAULT_REWARDS if environment is None else []
-        null_weights = ("a config that sets reward_weights keeps them when reward_funcs is changed on the command "
-                        "line: pass --model.init_args.reward_weights null too (all weights 1), or one weight per "
-                        "function")
-        if reward_weights is not None and list(reward_funcs) and len(reward_weights) != len(reward_funcs):
-            raise RewardError(f"GRPOModule: reward_weights {list(reward_weights)} has {len(reward_weights)} entries "
-                              f"but reward_funcs {list(reward_funcs)} has {len(reward_funcs)}; {null_weights}.")
-        if environment is None or list(reward_funcs):
-            self.rewards: RewardFunctions | None = RewardFunctions(list(reward_funcs), reward_weights)
-        else:  # the environment's reward alone
-            if reward_weights:
-                raise ValueError(f"GRPOModule: reward_weights {reward_weights} given without reward_funcs (the "
-                                 f"environment's reward is weighted by env_reward_weight); {null_weights}.")
-            self.rewards = None
-        evals = list(eval_reward_funcs or reward_funcs)
-        self.eval_rewards: RewardFunctions | None = RewardFunctions(evals) if evals else None
-        eval_names = [] if self.eval_rewards is None else self.eval_rewards.names
-        clash = sorted(set(eval_names) & set(EPISODE_EVAL_METRICS)) if environment is not None else []
-        if clash:
-            raise ValueError(f"GRPOModule: eval reward function(s) {clash} have the names of the episode evaluation "
-                             f"metrics eval/{clash[0]}; rename them.")
-        self.objective = GRPOObjective(loss_type=loss_type, epsilon=epsilon, epsilon_high=epsilon_high, beta=beta,
-                                       mask_truncated_completions=mask_truncated_completions,
-                                       max_completion_length=max_new_tokens if environment is None
-                                       else max_episode_tokens,
-                                       importance_sampling_level=importance_sampling_level, entropy_coef=entropy_coef,
-                                       rollout_correction=rollout_correction,
-                                       rollout_correction_clip_max=rollout_correction_clip_max,
-                                       rollout_correction_clip_min=rollout_correction_clip_min)
+        self.log_samples_every, self.num_logged_samples = log_samples_every, num_logged_samples
+        self.eval_samples, self.eval_max_new_tokens = eval_samples, eval_max_new_tokens or max_new_tokens
         self.old_log_probs = old_log_probs
-        gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": True,
-                                      "temperature": temperature}
-        if top_p is not None:
-            gen_kwargs["top_p"] = top_p
-        if top_k is not None:
-            gen_kwargs["top_k"] = top_k
-        policy = TransformersWrapper(self.model, tokenizer=self.tokenizer, input_mode="tokens",
-                                     generate_kwargs=gen_kwargs, chunk_size=chunk_size)
-        common = dict(tokenizer=self.tokenizer, reward_fn=self.rewards, num_generations=num_generations,
-                      scale_rewards=scale_rewards, seed=rollout_seed, chat_template=chat_template,
-                      chat_template_kwargs=self.chat_template_kwargs, batching=batching, num_workers=rollout_workers,
-                      advantage_estimator=advantage_estimator)
-        if self.env_factory is None:
-            engine: RolloutEngine = RolloutEngine(policy, **common)
-        else:
-            try:
-                engine = EpisodeEngine(policy, env_factory=self.env_factory, env_reward_weight=env_reward_weight,
-                                       **episode_options, **common)
-            except ValueError as e:
-                raise ValueError(f"GRPOModule: {e}") from e
-        # The callback is a plain attribute (not an nn.Module): checkpoints hold the weights once; a reference copy
-        # (beta > 0) is neither trained, checkpointed nor exported.
-        self.versions = PolicyVersionSwitch(
-            policy, engine=engine, rollout_mode=rollout_mode, sync_every=sync_every, max_staleness=max_staleness,
-            log_prob_kwargs={"share_prompts": self.share_prompts},
-            reference_model=self.reference_model() if beta > 0 else None, dynamic_sampling=dynamic_sampling,
-            max_sampling_rounds=max_sampling_rounds)
         self.register_buffer("dropped_rollouts", torch.zeros((), dtype=torch.long))
-        eval_metric_names = [*(EPISODE_EVAL_METRICS if environment is not None else ()), *eval_names]
-        self.eval_metrics = torch.nn.ModuleDict({n: MeanMetric(nan_strategy="ignore") for n in eval_metric_names})
+        eval_names = [*(EPISODE_EVAL_METRICS if self.env_factory is not None else ()),
+                      *([] if self.eval_rewards is None else self.eval_rewards.names)]
+        self.eval_metrics = torch.nn.ModuleDict({n: MeanMetric(nan_strategy="ignore") for n in eval_names})
         self._eval_engines: dict[int, EpisodeEngine] = {}
         self._eval_rows: list[list[Any]] = []
-        self._num_mbs = 1
-        self._iter_stats: list[dict[str, Tensor]] = []
-        self._ratio_range = (float("inf"), float("-inf"))  # this rank's ratio min / max over the batch's steps
-        self._first_ranges: dict[str, tuple[float, float]] = {}  # first iteration: GRPO ratio and mismatch ratio
-        self._iteration = 0
-        self._recompute_time = 0.0
+        self.stats = GRPOStepStats()
+        self.versions = self.build_versions()
+
+    def build_versions(self) -> PolicyVersionSwitch:
+        """The :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` over the trained model: the generate version
+        (sampling settings from :attr:`rollout_settings`), the rollout engine (an
+        :class:`~lit_llm.rollouts.EpisodeEngine` with an environment) taking the settings whole, and, with ``beta >
+        0``, the frozen reference (:meth:`reference_model`). The callback is a plain attribute (not an
+        ``nn.Module``): checkpoints hold the weights once; the reference is neither trained, checkpointed nor
+        exported."""
+        settings = self.rollout_settings
+        policy = TransformersWrapper(self.model, tokenizer=self.tokenizer, input_mode="tokens",
+                                     generate_kwargs=settings.generate_kwargs(), chunk_size=self.chunk_size)
+        if self.episode_settings is None:
+            engine: RolloutEngine = RolloutEngine(policy, tokenizer=self.tokenizer, reward_fn=self.rewards,
+                                                  settings=settings)
+        else:
+            engine = EpisodeEngine(policy, tokenizer=self.tokenizer, reward_fn=self.rewards, settings=settings,
+                                   episode=self.episode_settings)
+        return PolicyVersionSwitch(policy, engine=engine, log_prob_kwargs={"share_prompts": self.share_prompts},
+                                   reference_model=self.reference_model() if self.beta > 0 else None)
 
     @property
     def engine(self) -> RolloutEngine:
@@ -560,7 +346,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                 ``score``): :meth:`~lit_llm.rollouts.EpisodeEngine.check_environment`.
         """
         if self.trainer.world_size > 1 and self.global_rank > 0:
-            torch.manual_seed(_mix_seed(torch.initial_seed(), 0, self.global_rank))
+            torch.manual_seed(mix_seed(torch.initial_seed(), 0, self.global_rank))
         datamodule = getattr(self.trainer, "datamodule", None)
         task = getattr(datamodule, "task", None)
         check_environment_task(self.env_factory, task)
@@ -634,17 +420,14 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         # their sum
         self.release_host_memory(site="rollout")
         mbs = self.micro_batches(rollout)
-        self._num_mbs = len(mbs)
-        self._iter_stats = []
-        self._ratio_range = (float("inf"), float("-inf"))
-        self._first_ranges = {}
+        self.stats.reset(len(mbs))
         t_train = time.perf_counter()
         if self.old_log_probs == "recompute":
             mbs = [mb.with_old_log_probs(self.recompute_old_log_probs(mb)) for mb in mbs]
-        self._recompute_time = time.perf_counter() - t_train
+        self.stats.recompute_time = time.perf_counter() - t_train
         loss = None
         for iteration in range(self.num_iterations):
-            self._iteration = iteration
+            self.stats.iteration = iteration
             loss = super().training_step({"micro_batches": mbs}, batch_idx)
         train_time = time.perf_counter() - t_train
         # the step: getting the rollout (the callback's sync generation + rewards, or the async wait) + training
@@ -684,28 +467,10 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             with torch.no_grad():
                 ref = self.versions.reference_version.get_dist(inputs).log_prob(mb.completion_ids)
         loss, m = self.objective(log_probs, mb.old_log_probs, mb.advantage, mb.loss_mask, step_count=normalizer,
-                                 num_micro_batches=self._num_mbs, world_size=self.world_size,
+                                 num_micro_batches=self.stats.num_micro_batches, world_size=self.world_size,
                                  ref_log_probs=ref, entropy=entropy, truncated=mb.truncated,
                                  rollout_log_probs=mb.rollout_log_probs)
-        n, n0 = m["num_tokens"], m["mismatch/num_tokens"]
-        stats = {"loss": m["loss"], "num_tokens": n, "num_real_tokens": self.micro_batch_real_tokens(mb),
-                 "clip_low": m["clip_ratio/low_mean"] * n, "clip_high": m["clip_ratio/high_mean"] * n,
-                 "clip_region": m["clip_ratio/region_mean"] * n, "ratio_sum": m["ratio_mean"] * n,
-                 "entropy_sum": m["entropy"] * n, "mismatch_kl_sum": m["mismatch/kl"] * n0, "mismatch_tokens": n0}
-        if "rollout_correction/weight_mean" in m:
-            stats["corrected_sum"] = m["rollout_correction/corrected_fraction"] * n0
-            stats["weight_sum"] = m["rollout_correction/weight_mean"] * n
-        self._ratio_range = (min(self._ratio_range[0], float(m["ratio_min"])),
-                             max(self._ratio_range[1], float(m["ratio_max"])))
-        if self._iteration == 0:
-            for key, prefix in (("ratio", ""), ("mismatch", "mismatch/")):
-                lo, hi = self._first_ranges.get(key, (float("inf"), float("-inf")))
-                if n0 > 0:
-                    lo, hi = min(lo, float(m[f"{prefix}ratio_min"])), max(hi, float(m[f"{prefix}ratio_max"]))
-                self._first_ranges[key] = (lo, hi)
-        if "kl" in m:
-            stats["kl_sum"] = m["kl"] * n
-        return loss, stats
+        return loss, self.stats.add(m, self.micro_batch_real_tokens(mb))
 
     def _log_step(self, totals: dict[str, Tensor], grad_norm: Tensor, opt: Any) -> None:
         """Collect one optimizer step's sums (logged once per batch by :meth:`_log_rollout`)."""
@@ -715,97 +480,21 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         self.trained_tokens += summed["num_real_tokens"].double()
         summed["grad_norm"] = grad_norm.detach().float()
         summed["lr"] = torch.tensor(float(opt.param_groups[0]["lr"]))
-        self._iter_stats.append(summed)
+        self.stats.end_step(summed)
 
     def _log_rollout(self, rollout: RolloutBatch, staleness: int, wait_time: float, train_time: float,
                      step_time: float) -> None:
-        # Rollout statistics over every rank's rows (one all_gather, called by every rank in the same order): the
-        # ranks hold different prompts, so rank 0's rows alone would misreport rewards and lengths under DDP.
-        names = list(rollout.rewards.keys())
-        reward = rollout.reward.float()
-        cols = torch.stack([reward, rollout.completion_lengths.float(), rollout.truncated.float(),
-                            *[rollout.rewards[n].float() for n in names],
-                            torch.full_like(reward, float(rollout.frac_reward_zero_std))], 1).to(self.device)
-        if self.trainer.world_size > 1:
-            cols = self.all_gather(cols).reshape(-1, cols.shape[1])
-        rewards, lengths, truncated = cols[:, 0], cols[:, 1], cols[:, 2]
-        gen_time = float(rollout.generation_time)
-        log: dict[str, Tensor | float] = {
-            "train/reward": rewards.mean(), "train/reward_std": rewards.std() if rewards.numel() > 1 else 0.0,
-            "train/frac_reward_zero_std": cols[:, -1].mean(),  # every rank holds the same number of groups
-            "train/completions/mean_length": lengths.mean(), "train/completions/min_length": lengths.min(),
-            "train/completions/max_length": lengths.max(),
-            "train/completions/clipped_ratio": truncated.mean(),
-            "train/staleness": float(staleness), "train/dropped_rollouts": self.dropped_rollouts.float(),
-            "time/generation": gen_time, "time/rollout_wait": wait_time, "time/training": train_time,
-            "time/step": step_time,
-        }
-        if self.versions.dynamic_sampling:
-            log["train/sampling_rounds"] = float(self.versions.last_sampling_rounds)
-        if gen_time > 0:  # this rank's generation throughput (dynamic sampling: every round's tokens, not the kept)
-            generated = (self.versions.last_generated_tokens if self.versions.dynamic_sampling
-                         else rollout.completion_lengths.float().sum())
-            log["rollout/tokens_per_sec"] = generated / gen_time
-        for j, name in enumerate(names):
-            values = cols[:, 3 + j]
-            log[f"train/rewards/{name}/mean"] = values.nanmean()
-            finite = values[~values.isnan()]
-            log[f"train/rewards/{name}/std"] = finite.std() if finite.numel() > 1 else 0.0
-        if rollout.episodes is not None:  # multi-turn episodes: their own statistics (same rank order as cols)
-            episodes = episode_columns(rollout.episodes).to(self.device)
-            if self.trainer.world_size > 1:
-                episodes = self.all_gather(episodes).reshape(-1, episodes.shape[1])
-            log.update(episode_metrics(episodes, rewards))
-            log.update(episode_times(rollout.episodes))
-        if self._iter_stats:
-            it = self._iter_stats
-            n = sum(s["num_tokens"] for s in it).clamp(min=1)
-            log.update({
-                "train/loss": it[-1]["loss"], "train/grad_norm": it[-1]["grad_norm"], "train/lr": it[-1]["lr"],
-                "train/clip_ratio/low_mean": sum(s["clip_low"] for s in it) / n,
-                "train/clip_ratio/high_mean": sum(s["clip_high"] for s in it) / n,
-                "train/clip_ratio/region_mean": sum(s["clip_region"] for s in it) / n,
-                "train/ratio_mean": sum(s["ratio_sum"] for s in it) / n,
-                "train/ratio_min": self._ratio_range[0], "train/ratio_max": self._ratio_range[1],
-                "train/entropy": sum(s["entropy_sum"] for s in it) / n,
-                "train/tokens": self.trained_tokens.float(),
-                "train/step_tokens": it[-1]["num_tokens"],
-            })
-            if "kl_sum" in it[0]:
-                log["train/kl"] = sum(s["kl_sum"] for s in it) / n
-            first, n_first = it[0], it[0]["num_tokens"].clamp(min=1)
-            n_mismatch = first["mismatch_tokens"].clamp(min=1)
-            log["train/mismatch/kl"] = first["mismatch_kl_sum"] / n_mismatch
-            log["train/first_iteration/clip_ratio"] = first["clip_region"] / n_first
-            for key, name in (("ratio", "first_iteration/ratio"), ("mismatch", "mismatch/ratio")):
-                lo, hi = self._first_ranges.get(key, (1.0, 1.0))
-                log[f"train/{name}_min"], log[f"train/{name}_max"] = (lo, hi) if lo <= hi else (1.0, 1.0)
-            if "corrected_sum" in first:
-                log["train/rollout_correction/corrected_fraction"] = first["corrected_sum"] / n_mismatch
-                log["train/rollout_correction/weight_mean"] = first["weight_sum"] / n_first
-            if self.old_log_probs == "recompute":
-                log["time/recompute"] = self._recompute_time
-            if train_time > 0:
-                log["train/tokens_per_sec"] = sum(s["num_real_tokens"] for s in it) / train_time
+        """Log the batch's metrics (:mod:`lit_llm.lightning.grpo_metrics`) and, every ``log_samples_every`` steps,
+        the table of sampled completions (``rollout_samples.csv``, wandb)."""
+        log = rollout_metrics(self, rollout, staleness=staleness, wait_time=wait_time, train_time=train_time,
+                              step_time=step_time)
+        log.update(self.stats.metrics(train_time, self.trained_tokens, self.old_log_probs == "recompute"))
         self.log_dict({k: torch.as_tensor(v, dtype=torch.float32) for k, v in log.items()}, on_step=True,
                       on_epoch=False, batch_size=1)
         self.log("reward", torch.as_tensor(log["train/reward"]), prog_bar=True, on_step=True, batch_size=1,
                  logger=False)
-        every = self.log_samples_every
-        if every and self.trainer.is_global_zero and (self.global_step - self.num_iterations) % every == 0:
-            self._sample_table(rollout)
-
-    def _sample_table(self, rollout: RolloutBatch) -> None:
-        k = min(self.num_logged_samples, rollout.num_rows)
-        if k == 0:
-            return
-        if rollout.episodes is not None:  # whole episodes: the evaluation table's columns (episode_metrics)
-            columns, rows = episode_sample_table(self.global_step, rollout, k)
-        else:
-            names = list(rollout.rewards.keys())
-            columns = ["step", "sample_id", "completion", "reward", "advantage", *names]
-            rows = [[self.global_step, rollout.sample_id[i], rollout.completion[i],
-                     round(float(rollout.reward[i]), 4), round(float(rollout.advantage[i]), 4),
-                     *[round(float(rollout.rewards[n][i]), 4) for n in names]] for i in range(k)]
-        append_csv(self.trainer, "rollout_samples.csv", columns, rows)
-        log_table(self.trainer, "train/samples", columns, rows)
+        every, k = self.log_samples_every, min(self.num_logged_samples, rollout.num_rows)
+        if every and k and self.trainer.is_global_zero and (self.global_step - self.num_iterations) % every == 0:
+            columns, rows = sample_table(rollout, self.global_step, k)
+            append_csv(self.trainer, "rollout_samples.csv", columns, rows)
+            log_table(self.trainer, "train/samples", columns, rows)

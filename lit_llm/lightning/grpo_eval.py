@@ -22,6 +22,7 @@ values go to the loggers directly, not through the bar) and when no such bar is 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -52,7 +53,7 @@ class GreedyEvaluation:
     # ------------------------------------------------------------------------------------------------- episodes
     def eval_engine(self) -> EpisodeEngine:
         """The :class:`~lit_llm.rollouts.EpisodeEngine` of greedy episodes: the training engine's episode settings
-        (:meth:`~lit_llm.rollouts.EpisodeEngine.episode_settings`) and template options over the greedy version of
+        (:attr:`~lit_llm.rollouts.EpisodeEngine.episode`) and rollout settings without a seed over the greedy version of
         ``eval_max_new_tokens`` (:meth:`~lit_llm.lightning.versions.PolicyVersionSwitch.greedy_version`); no reward
         functions, no sampling seed. Built once per budget. Its ``num_generations`` is the training engine's (the
         constructor needs a group size) but unused: :meth:`greedy_episodes` runs one episode per row."""
@@ -61,10 +62,7 @@ class GreedyEvaluation:
         if engine is None:
             train = self.engine
             engine = EpisodeEngine(self.versions.greedy_version(budget), tokenizer=self.tokenizer,
-                                   num_generations=train.num_generations,
-                                   seed=None, chat_template=train.chat_template,
-                                   chat_template_kwargs=train.chat_template_kwargs, batching=train.batching,
-                                   num_workers=train.num_workers, **train.episode_settings())
+                                   settings=dataclasses.replace(train.settings, seed=None), episode=train.episode)
             self._eval_engines[budget] = engine
         return engine
 

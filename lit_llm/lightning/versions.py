@@ -25,15 +25,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from lit_llm.rewards import TrainerState
-from lit_llm.rollouts import AsyncRollouts, EpisodeEngine, RolloutBatch, RolloutEngine, policy_responses
+from lit_llm.rollouts import AsyncRollouts, RolloutBatch, RolloutEngine, policy_responses
 from lit_llm.rollouts.dynamic_sampling import informative_groups, select_groups
+from lit_llm.rollouts.settings import RolloutSettings
 
 __all__ = ["PolicyVersionSwitch", "StatefulAsyncRollouts"]
 
@@ -56,15 +57,13 @@ class PolicyVersionSwitch(Callback):
         generate_version: the generate version (``TransformersWrapper(..., generate=True)``) over the trained model.
         engine: GRPO's :class:`~lit_llm.rollouts.RolloutEngine` (or its multi-turn subclass
             :class:`~lit_llm.rollouts.EpisodeEngine`) over ``generate_version`` (``None``: no rollouts, e.g. SFT); the
-            asynchronous producer builds an engine of the same class over its copy of the weights.
-        rollout_mode: ``"sync"`` (rollouts from the trained weights, produced at each batch start) or ``"async"``
-            (a background producer over a copy of the weights).
-        sync_every: async: optimizer steps between weight copies to the producer (>= 1).
-        max_staleness: async: drop rollouts generated more than this many optimizer steps ago (>= 0).
-        dynamic_sampling: sync: refill the step's batch with the informative groups (rewards not all equal) of
-            extra prompt batches (DAPO's dynamic sampling, :mod:`lit_llm.rollouts.dynamic_sampling`); needs the
-            loader handed to :meth:`wrap_train_loader` to have ``next_batch()``.
-        max_sampling_rounds: dynamic sampling: rollouts per step at most, the step's own included (>= 1).
+            asynchronous producer builds a twin of it over its copy of the weights. Its
+            :class:`~lit_llm.rollouts.settings.RolloutSettings` say the mode: ``rollout_mode`` (``"sync"``: rollouts
+            from the trained weights, produced at each batch start; ``"async"``: a background producer over a copy
+            of the weights, synced every ``sync_every`` optimizer steps, rollouts older than ``max_staleness``
+            dropped) and ``dynamic_sampling`` / ``max_sampling_rounds`` (sync: the step's batch refilled with the
+            informative groups of extra prompt batches, DAPO, :mod:`lit_llm.rollouts.dynamic_sampling`; the loader
+            handed to :meth:`wrap_train_loader` must have ``next_batch()``).
         log_prob_kwargs: extra ``get_new_version`` arguments of the log-prob version (e.g. ``share_prompts``).
         reference_model: a frozen reference model (KL term); its log-prob version is :attr:`reference_version`. With
             LoRA, the trained ``PeftModel`` itself: the reference version is then the log-prob version with its
@@ -75,27 +74,14 @@ class PolicyVersionSwitch(Callback):
         num_rollouts, num_greedy_calls, num_dropped, num_syncs: counters.
 
     Raises:
-        ValueError: ``generate_version`` is not a generate version; bad ``rollout_mode`` / ``sync_every`` /
-            ``max_staleness`` / ``max_sampling_rounds``; ``dynamic_sampling`` with ``rollout_mode="async"``.
+        ValueError: ``generate_version`` is not a generate version.
     """
 
     def __init__(self, generate_version: Any, *, engine: RolloutEngine | None = None,
-                 rollout_mode: Literal["sync", "async"] = "sync", sync_every: int = 1, max_staleness: int = 1,
-                 log_prob_kwargs: dict[str, Any] | None = None, reference_model: torch.nn.Module | None = None,
-                 dynamic_sampling: bool = False, max_sampling_rounds: int = 3) -> None:
+                 log_prob_kwargs: dict[str, Any] | None = None,
+                 reference_model: torch.nn.Module | None = None) -> None:
         if not getattr(generate_version, "generate", False):
             raise ValueError("PolicyVersionSwitch: generate_version must be a generate version (generate=True).")
-        if rollout_mode not in ("sync", "async"):
-            raise ValueError(f"PolicyVersionSwitch: rollout_mode must be 'sync' or 'async', got {rollout_mode!r}.")
-        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-            raise ValueError(f"sync_every must be an integer >= 1, got {sync_every!r}.")
-        if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
-            raise ValueError(f"max_staleness must be an integer >= 0, got {max_staleness!r}.")
-        if isinstance(max_sampling_rounds, bool) or not isinstance(max_sampling_rounds, int) or max_sampling_rounds < 1:
-            raise ValueError(f"max_sampling_rounds must be an integer >= 1, got {max_sampling_rounds!r}.")
-        if dynamic_sampling and rollout_mode != "sync":
-            raise ValueError("dynamic_sampling needs rollout_mode 'sync' (it draws extra prompt batches for the step "
-                             "being trained); set rollout_mode: sync or dynamic_sampling: false.")
         self.generate_version = generate_version
         self.log_prob_version = generate_version.get_new_version(generate=False, batching=False,
                                                                  **(log_prob_kwargs or {}))
@@ -108,11 +94,10 @@ class PolicyVersionSwitch(Callback):
         elif reference_model is not None:
             self.reference_version = type(self.log_prob_version)(reference_model, **{
                 **self.log_prob_version._settings(), **self.log_prob_version._batching_settings()})
-        self.engine, self.rollout_mode = engine, rollout_mode
+        self.engine = engine
+        self.settings = engine.settings if engine is not None else RolloutSettings()
         if engine is not None:  # the reward functions' trainer_state is this callback's view of the trainer
             engine.trainer_state_fn = self.trainer_state
-        self.sync_every, self.max_staleness = sync_every, max_staleness
-        self.dynamic_sampling, self.max_sampling_rounds = bool(dynamic_sampling), max_sampling_rounds
         self._prompt_loader: Any = None
         self.last_sampling_rounds = 1
         self.last_generated_tokens = 0  # dynamic sampling: completion tokens of every round of the last rollout
@@ -122,6 +107,13 @@ class PolicyVersionSwitch(Callback):
         self.num_rollouts = self.num_greedy_calls = self.num_dropped = self.num_syncs = 0
         self._trainer: Trainer | None = None
         self._max_steps: int | None = None
+
+    # the mode, read from the engine's settings
+    rollout_mode = property(lambda self: self.settings.rollout_mode, doc="``sync`` or ``async``.")
+    sync_every = property(lambda self: self.settings.sync_every, doc="Async: steps between weight copies.")
+    max_staleness = property(lambda self: self.settings.max_staleness, doc="Async: oldest accepted rollout.")
+    dynamic_sampling = property(lambda self: self.settings.dynamic_sampling, doc="DAPO's dynamic sampling.")
+    max_sampling_rounds = property(lambda self: self.settings.max_sampling_rounds, doc="Its rollouts per step.")
 
     # ------------------------------------------------------------------------------------------------ switching
     @property
@@ -268,15 +260,9 @@ class PolicyVersionSwitch(Callback):
             return loader
         if self.async_rollouts is not None:
             self.async_rollouts.close()
-        e = self.engine
-        episodes = e.episode_settings() if isinstance(e, EpisodeEngine) else {}  # multi-turn: the same episodes
-        self.async_rollouts = StatefulAsyncRollouts.from_policy(
-            e.policy, loader, max_staleness=2**62 if distributed else self.max_staleness, version=version,
-            tokenizer=e.tokenizer, reward_fn=e.reward_fn, num_generations=e.num_generations,
-            scale_rewards=e.scale_rewards, seed=e.seed, chat_template=e.chat_template,
-            chat_template_kwargs=e.chat_template_kwargs, batching=e.batching, num_workers=e.num_workers, rank=e.rank,
-            rollout_context=self.precision_context, trainer_state_fn=self.trainer_state,
-            advantage_estimator=e.advantage_estimator, engine_cls=type(e), **episodes)
+        self.async_rollouts = StatefulAsyncRollouts.from_engine(
+            self.engine, loader, max_staleness=2**62 if distributed else self.max_staleness, version=version,
+            rollout_context=self.precision_context, trainer_state_fn=self.trainer_state)
         return self.async_rollouts
 
     def take_rollout(self, batch: Any, step: int) -> tuple[RolloutBatch | None, int, float]:

@@ -16,134 +16,33 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor
 
+from lit_llm.objectives.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    ScaleRewards,
+    check_advantage_settings,
+    check_num_generations,
+    compute_advantages,
+)
 from lit_llm.objectives.correction import (
     RolloutCorrection,
     check_rollout_correction,
     mismatch_metrics,
     rollout_correction_weights,
 )
-from lit_llm.objectives.reduction import as_bool_mask, check_per_token, k3_kl, resolve_normalizer
+from lit_llm.objectives.loss_types import LOSS_TYPES, LossType, LossTypeName, get_loss_type
+from lit_llm.objectives.reduction import as_bool_mask, check_per_token, k3_kl
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "LOSS_TYPES", "GRPOObjective", "check_advantage_settings", "compute_advantages",
-           "effective_completion_mask",
+__all__ = ["ADVANTAGE_ESTIMATORS", "LOSS_TYPES", "AdvantageEstimator", "GRPOObjective", "ScaleRewards",
+           "check_advantage_settings", "check_num_generations", "compute_advantages", "effective_completion_mask",
            "grpo_loss"]
 
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo"]
-ScaleRewards = Literal["group", "batch", "none"]
-AdvantageEstimator = Literal["grpo", "rloo", "reinforce_plus_plus"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
-LOSS_TYPES = get_args(LossType)
-ADVANTAGE_ESTIMATORS = get_args(AdvantageEstimator)
-
-
-def check_advantage_settings(num_generations: int, scale_rewards: str, advantage_estimator: str) -> None:
-    """The settings checks of :func:`compute_advantages` (callable before any reward exists).
-
-    Raises:
-        ValueError: ``num_generations`` not an int >= 2; unknown ``scale_rewards`` / ``advantage_estimator``;
-            ``reinforce_plus_plus`` with ``scale_rewards="group"``.
-    """
-    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
-        raise ValueError(f"num_generations must be an int >= 2 (a group needs 2 completions to have a std), got "
-                         f"{num_generations!r}; set num_generations to 2 or more.")
-    if scale_rewards not in ("group", "batch", "none"):
-        raise ValueError(f"Unknown scale_rewards {scale_rewards!r}; choose 'group', 'batch' or 'none'.")
-    if advantage_estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"Unknown advantage_estimator {advantage_estimator!r}; choose 'grpo', 'rloo' or "
-                         f"'reinforce_plus_plus'.")
-    if advantage_estimator == "reinforce_plus_plus" and scale_rewards == "group":
-        raise ValueError("advantage_estimator='reinforce_plus_plus' normalises over the batch (its definition); set "
-                         "scale_rewards to 'batch' (REINFORCE++) or 'none' (group baseline only).")
-
-
-def compute_advantages(
-    rewards: Tensor, num_generations: int, *, scale_rewards: ScaleRewards = "group", eps: float = 1e-4,
-    advantage_estimator: AdvantageEstimator = "grpo",
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-completion advantages: a baseline from the prompt's group, then the ``scale_rewards`` divisor.
-
-    Rows are grouped contiguously: rows ``[k*G, (k+1)*G)`` are the ``G = num_generations`` completions of prompt
-    ``k``. ``std`` is the unbiased (n-1) standard deviation, as ``torch.std`` in TRL's
-    ``_generate_and_score_completions``; ``eps = 1e-4`` is TRL's constant.
-
-    Estimators (the baseline) and how each combines with ``scale_rewards`` (the divisor):
-
-    * ``"grpo"`` (DeepSeekMath): ``c_i = r_i - mean(group)``; then ``"group"``: ``c_i / (std(group) + eps)`` (TRL
-      default), ``"batch"``: ``c_i / (std(all rewards) + eps)`` (TRL ``scale_rewards="batch"``), ``"none"``: ``c_i``
-      (Dr. GRPO).
-    * ``"rloo"`` (leave-one-out, Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740): ``c_i = r_i -
-      mean_{j != i} r_j = G / (G - 1) * (r_i - mean(group))``, then the same three divisors as ``"grpo"`` (so with
-      ``"group"`` it is ``G / (G - 1)`` times GRPO's advantage; ``"none"`` is TRL's ``RLOOTrainer`` without
-      ``normalize_advantages``).
-    * ``"reinforce_plus_plus"`` (REINFORCE++ with the group baseline, Hu 2025, arXiv:2501.03262, OpenRLHF's
-      ``reinforce_baseline``): ``c_i = r_i - mean(group)``, then batch normalisation of those ``c``: ``"batch"``:
-      ``(c_i - mean(c)) / (std(c) + eps)`` over every completion of the batch (one row = one completion; verl whitens
-      per token instead); ``"none"``: ``c_i`` only. ``"group"`` is an error: the estimator's divisor is the batch's.
-
-    A group whose rewards are all equal (std ``isclose`` to 0) gets advantage exactly 0 under every estimator and is
-    counted in ``frac_reward_zero_std`` (computed from the group std in every mode; TRL uses the batch std in
-    ``"batch"`` mode).
-
-    Args:
-        rewards: ``[N]`` float, total reward per completion, ``N = num_prompts * num_generations``.
-        num_generations: group size ``G`` (>= 2).
-        scale_rewards: ``"group"``, ``"batch"`` or ``"none"``.
-        eps: added to the std before dividing.
-        advantage_estimator: ``"grpo"``, ``"rloo"`` or ``"reinforce_plus_plus"``.
-
-    Returns:
-        ``(advantages, stats)``: ``advantages`` ``[N]`` float32 (no grad). ``stats`` holds 0-d float32 tensors
-        ``reward_mean``, ``reward_std`` (unbiased std of the batch), ``reward_group_std_mean`` (mean group std, TRL's
-        ``reward_std``) and ``frac_reward_zero_std`` (fraction of groups with zero std).
-
-    Raises:
-        ValueError: ``num_generations < 2``; ``N`` not divisible by ``num_generations``; ``rewards`` not 1-D or
-            holding NaN/inf; unknown ``scale_rewards`` or ``advantage_estimator``; ``reinforce_plus_plus`` with
-            ``scale_rewards="group"``; negative ``eps``.
-    """
-    check_advantage_settings(num_generations, scale_rewards, advantage_estimator)
-    if not isinstance(rewards, Tensor) or rewards.ndim != 1:
-        shape = tuple(rewards.shape) if isinstance(rewards, Tensor) else type(rewards).__name__
-        raise ValueError(f"rewards must be a 1-D tensor [N], got {shape}.")
-    if rewards.numel() == 0 or rewards.numel() % num_generations:
-        raise ValueError(f"rewards has {rewards.numel()} entries, not a positive multiple of num_generations="
-                         f"{num_generations}; the batch must hold num_generations completions per prompt.")
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps!r}.")
-    r = rewards.detach().float()
-    bad = (~torch.isfinite(r)).nonzero().flatten().tolist()
-    if bad:
-        raise ValueError(f"rewards holds non-finite values at sample indices {bad}; a reward function returned "
-                         f"NaN/inf (RewardFunctions names the function).")
-    g = num_generations
-    groups = r.view(-1, g)
-    group_mean = groups.mean(dim=1, keepdim=True)
-    group_std = groups.std(dim=1, keepdim=True)
-    zero_std = torch.isclose(group_std, torch.zeros_like(group_std))
-    if advantage_estimator == "rloo":  # the mean of the other G - 1 rewards
-        adv = groups - (groups.sum(dim=1, keepdim=True) - groups) / (g - 1)
-    else:
-        adv = groups - group_mean
-    if advantage_estimator == "reinforce_plus_plus":
-        if scale_rewards == "batch":
-            adv = (adv - adv.mean()) / (adv.std() + eps)
-    elif scale_rewards == "group":
-        adv = adv / (group_std + eps)
-    elif scale_rewards == "batch":
-        adv = adv / (r.std() + eps)
-    adv = torch.where(zero_std, torch.zeros_like(adv), adv).reshape(-1)
-    stats = {
-        "reward_mean": r.mean(),
-        "reward_std": r.std(),
-        "reward_group_std_mean": group_std.mean(),
-        "frac_reward_zero_std": zero_std.float().mean(),
-    }
-    return adv, stats
 
 
 def effective_completion_mask(
@@ -182,9 +81,9 @@ def _masked_mean(x: Tensor, mask: Tensor, count: Tensor) -> Tensor:
 
 
 def _check_loss_settings(loss_type: str, importance_sampling_level: str, epsilon: float, epsilon_high: float | None,
-                         beta: float, entropy_coef: float) -> None:
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"Unknown loss_type {loss_type!r}; choose one of {', '.join(LOSS_TYPES)}.")
+                         beta: float, entropy_coef: float) -> LossType:
+    """The settings rules of :func:`grpo_loss` / :class:`GRPOObjective`; returns the loss type's strategy."""
+    rule = get_loss_type(loss_type)
     if importance_sampling_level not in ("token", "sequence"):
         raise ValueError(f"Unknown importance_sampling_level {importance_sampling_level!r}; choose 'token' (GRPO) or "
                          f"'sequence' (GSPO).")
@@ -192,10 +91,7 @@ def _check_loss_settings(loss_type: str, importance_sampling_level: str, epsilon
                     ("beta", beta), ("entropy_coef", entropy_coef)):
         if isinstance(v, bool) or not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {v!r}.")
-    if loss_type == "cispo" and (epsilon_high is None or epsilon_high <= 0):
-        raise ValueError(f"loss_type='cispo' needs epsilon_high > 0: it is CISPO's eps_max, the cap of the "
-                         f"importance weight min(ratio, epsilon_high) (TRL; ScaleRL uses 4-5), got {epsilon_high!r}; "
-                         f"set epsilon_high, e.g. 5.0.")
+    return rule
 
 
 def grpo_loss(
@@ -204,7 +100,7 @@ def grpo_loss(
     advantages: Tensor,
     completion_mask: Tensor,
     *,
-    loss_type: LossType = "dapo",
+    loss_type: LossTypeName = "dapo",
     epsilon: float = 0.2,
     epsilon_high: float | None = None,
     beta: float = 0.0,
@@ -310,7 +206,8 @@ def grpo_loss(
             ``rollout_log_probs``; a step count below the local count.
         TypeError: log-probs not floating point, masks not bool.
     """
-    _check_loss_settings(loss_type, importance_sampling_level, epsilon, epsilon_high, beta, entropy_coef)
+    rule = _check_loss_settings(loss_type, importance_sampling_level, epsilon, epsilon_high, beta, entropy_coef)
+    rule.check(epsilon_high=epsilon_high, max_completion_length=max_completion_length)
     check_rollout_correction(rollout_correction, rollout_correction_clip_max, rollout_correction_clip_min)
     check_per_token(log_probs, name="log_probs")
     check_per_token(old_log_probs, name="old_log_probs", shape=log_probs.shape)
@@ -333,9 +230,6 @@ def grpo_loss(
         raise ValueError(f"entropy_coef={entropy_coef} > 0 needs entropy ([B, T] per-token entropies of the policy "
                          f"with their gradient, e.g. dist.log_prob_and_entropy); pass it undetached or set "
                          f"entropy_coef=0.")
-    if loss_type == "dr_grpo" and (not isinstance(max_completion_length, int) or max_completion_length < 1):
-        raise ValueError(f"loss_type='dr_grpo' needs max_completion_length (int >= 1, the max_new_tokens of "
-                         f"generation), got {max_completion_length!r}.")
     if rollout_log_probs is not None:
         check_per_token(rollout_log_probs, name="rollout_log_probs", shape=log_probs.shape)
     elif rollout_correction != "none":
@@ -360,16 +254,7 @@ def grpo_loss(
         seq = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
         log_ratio = seq.expand_as(log_probs)
     ratio = torch.exp(log_ratio)
-    if loss_type == "cispo":
-        lp = torch.where(mask, log_probs, torch.zeros_like(log_probs))
-        per_token = -torch.clamp(ratio, max=eps_high).detach() * adv * lp
-        low = torch.zeros_like(mask)
-        high = ratio > eps_high
-    else:
-        clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-        per_token = -torch.minimum(ratio * adv, clipped * adv)
-        low = (ratio < 1.0 - eps_low) & (adv < 0)
-        high = (ratio > 1.0 + eps_high) & (adv > 0)
+    per_token, low, high = rule.policy_term(ratio, adv, log_probs, mask, eps_low, eps_high)
     if weight is not None:
         per_token = per_token * weight
     kl = None
@@ -386,20 +271,8 @@ def grpo_loss(
 
     seq_counts = mask.sum(-1)
     num_tokens = seq_counts.sum()
-    local_seqs = torch.tensor(b, device=log_probs.device)
-    if loss_type == "grpo":
-        denom = resolve_normalizer(local_seqs, num_sequences_in_batch, name="num_sequences_in_batch")
-        loss = (per_token.sum(-1) / seq_counts.clamp(min=1)).sum() / denom
-    elif loss_type == "bnpo":
-        denom = num_tokens.float().clamp(min=1.0)
-        loss = per_token.sum() / denom
-    elif loss_type == "dr_grpo":
-        denom = resolve_normalizer(local_seqs, num_sequences_in_batch, name="num_sequences_in_batch")
-        denom = denom * max_completion_length
-        loss = per_token.sum() / denom
-    else:
-        denom = resolve_normalizer(num_tokens, num_items_in_batch, name="num_items_in_batch")
-        loss = per_token.sum() / denom
+    step_count = num_sequences_in_batch if rule.counts == "sequences" else num_items_in_batch
+    loss, denom = rule.reduce(per_token, seq_counts, num_tokens, step_count, max_completion_length)
 
     count = num_tokens.float().clamp(min=1.0)
     r_det = ratio.detach()
@@ -461,7 +334,7 @@ class GRPOObjective:
         rollout_correction_clip_min: lower bound of the mask modes (``None``: ``1 / C``).
     """
 
-    loss_type: LossType = "dapo"
+    loss_type: LossTypeName = "dapo"
     epsilon: float = 0.2
     epsilon_high: float | None = None
     beta: float = 0.0
@@ -474,8 +347,15 @@ class GRPOObjective:
     rollout_correction_clip_min: float | None = None
 
     def __post_init__(self) -> None:
-        _check_loss_settings(self.loss_type, self.importance_sampling_level, self.epsilon, self.epsilon_high,
-                             self.beta, self.entropy_coef)
+        rule = _check_loss_settings(self.loss_type, self.importance_sampling_level, self.epsilon, self.epsilon_high,
+                                    self.beta, self.entropy_coef)
+        rule.check(epsilon_high=self.epsilon_high, max_completion_length=self.max_completion_length)
+        object.__setattr__(self, "_rule", rule)
+
+    @property
+    def rule(self) -> LossType:
+        """The :mod:`~lit_llm.objectives.loss_types` strategy of :attr:`loss_type`."""
+        return self._rule
         check_rollout_correction(self.rollout_correction, self.rollout_correction_clip_max,
                                  self.rollout_correction_clip_min)
 
@@ -507,7 +387,7 @@ class GRPOObjective:
             truncated: ``[B]`` bool (needed with ``mask_truncated_completions``).
             old_log_probs, rollout_log_probs: ``[B, T]`` (needed with a ``*_mask`` rollout correction).
         """
-        if self.loss_type in ("grpo", "dr_grpo"):
+        if self.rule.counts == "sequences":
             return torch.tensor(loss_mask.shape[0], device=loss_mask.device)
         return self.loss_tokens(loss_mask, truncated, old_log_probs, rollout_log_probs).sum()
 
@@ -530,9 +410,8 @@ class GRPOObjective:
         Returns:
             ``(loss, metrics)`` as :func:`grpo_loss`; ``metrics["loss"]`` is the rescaled loss for ``bnpo``.
         """
-        counts = {"dapo": {"num_items_in_batch": step_count}, "cispo": {"num_items_in_batch": step_count},
-                  "grpo": {"num_sequences_in_batch": step_count}, "dr_grpo": {"num_sequences_in_batch": step_count},
-                  "bnpo": {}}[self.loss_type]
+        key = "num_sequences_in_batch" if self.rule.counts == "sequences" else "num_items_in_batch"
+        counts = {} if self.rule.counts == "local" else {key: step_count}
         loss, metrics = grpo_loss(
             log_probs, old_log_probs, advantages, loss_mask, loss_type=self.loss_type, epsilon=self.epsilon,
             epsilon_high=self.epsilon_high, beta=self.beta, ref_log_probs=ref_log_probs, entropy=entropy,
@@ -541,7 +420,7 @@ class GRPOObjective:
             entropy_coef=self.entropy_coef, rollout_log_probs=rollout_log_probs,
             rollout_correction=self.rollout_correction, rollout_correction_clip_max=self.rollout_correction_clip_max,
             rollout_correction_clip_min=self.rollout_correction_clip_min, **counts)
-        if self.loss_type == "bnpo":  # a local mean: average it over the step's micro-batches and ranks
-            loss = loss / (num_micro_batches * world_size)
+        if self.rule.counts == "local":  # bnpo: a local mean, averaged over the step's micro-batches and ranks
+            loss = self.rule.rescale(loss, num_micro_batches, world_size)
             metrics["loss"] = loss.detach().float()
         return loss, metrics

@@ -15,20 +15,15 @@ import torch
 from torch import Tensor
 
 from lit_llm.objectives.reduction import as_bool_mask, check_per_token, k3_kl, resolve_normalizer
+from lit_llm.policy.heads import Head, head_positions, scorable_positions
 
 __all__ = ["NonFiniteLossError", "check_finite", "loss_mask", "sft_loss", "sft_step_count"]
 
-Head = Literal["sft", "rlhf", "generic"]
 Reduction = Literal["token_mean", "sequence_mean", "sum"]
 
 
 class NonFiniteLossError(FloatingPointError):
     """The loss of a training step is NaN or infinite (raised by :func:`check_finite`)."""
-
-
-def _first_attended(attention_mask: Tensor) -> Tensor:
-    """``[B, T]`` bool, True at the first attended position of each row (it has no prediction)."""
-    return attention_mask & (attention_mask.long().cumsum(-1) == 1)
 
 
 def loss_mask(
@@ -64,21 +59,15 @@ def loss_mask(
         TypeError: a mask is not a bool / 0-1 integer tensor.
     """
     attn = as_bool_mask(attention_mask, name="attention_mask")
-    if head == "generic":
-        mask = attn
-    elif head == "sft":
-        if response_mask is None:
-            raise ValueError("loss head 'sft' needs response_mask ([B, T] bool, True on the last turn's response "
-                             "tokens); pass masks.response or choose head='rlhf'/'generic'.")
-        mask = as_bool_mask(response_mask, name="response_mask", shape=attn.shape) & attn
-    elif head == "rlhf":
-        if assistant_mask is None:
-            raise ValueError("loss head 'rlhf' needs assistant_mask ([B, T] bool, True on every assistant token); "
-                             "pass masks.assistant (apply_chat_template(return_assistant_tokens_mask=True)).")
-        mask = as_bool_mask(assistant_mask, name="assistant_mask", shape=attn.shape) & attn
-    else:
-        raise ValueError(f"Unknown loss head {head!r}; choose one of 'sft', 'rlhf', 'generic'.")
-    return mask & ~_first_attended(attn)
+    if head == "sft" and response_mask is None:
+        raise ValueError("loss head 'sft' needs response_mask ([B, T] bool, True on the last turn's response "
+                         "tokens); pass masks.response or choose head='rlhf'/'generic'.")
+    if head == "rlhf" and assistant_mask is None:
+        raise ValueError("loss head 'rlhf' needs assistant_mask ([B, T] bool, True on every assistant token); "
+                         "pass masks.assistant (apply_chat_template(return_assistant_tokens_mask=True)).")
+    asst = None if assistant_mask is None else as_bool_mask(assistant_mask, name="assistant_mask", shape=attn.shape)
+    resp = None if response_mask is None else as_bool_mask(response_mask, name="response_mask", shape=attn.shape)
+    return head_positions(head, scorable_positions(attn), assistant_mask=asst, response_mask=resp)
 
 
 def sft_loss(

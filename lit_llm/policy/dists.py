@@ -21,6 +21,7 @@ from tensordict import NestedKey, TensorDictBase
 from torch import Tensor
 
 from lit_llm.policy.batching import caller_context, in_context
+from lit_llm.policy.heads import HEADS, head_positions, scorable_positions
 from lit_llm.policy.rows import _dense, _key, _real_rows
 
 __all__ = ["COMPLETION_KEYS", "DistLayout", "HEADS", "MaskedDistributionsMixin"]
@@ -320,34 +321,32 @@ class MaskedDistributionsMixin:
         return nullcontext()
 
     def _scorable(self, layout: DistLayout) -> Tensor:
-        """``[B, T]`` bool: the positions that have a prediction."""
+        """``[B, T]`` bool: the positions that have a prediction (:func:`~lit_llm.policy.heads.scorable_positions`;
+        every completion token in the GRPO layout)."""
         if layout.completion is not None:
             return layout.attention_mask
-        attn = layout.attention_mask
-        if layout.position_ids is not None:  # packed: every sequence's first token has no prediction
-            return attn & (layout.position_ids > 0)
-        return attn & (attn.long().cumsum(-1) > 1)
+        return scorable_positions(layout.attention_mask, layout.position_ids)
 
     def _head_mask(self, layout: DistLayout, head: str, name: str) -> Tensor:
         if layout.completion is not None:
             return layout.completion["loss_mask"]
         scorable = self._scorable(layout)
-        if head == "generic":
-            return scorable
         asst = layout.assistant_mask
         if head == "rlhf":
             if asst is None:
                 raise ValueError(f"{name}: no assistant mask at {(*_key(self.masks_key), 'all_assistant_mask')}; it "
                                  f"comes from input_mode='history' or from the generate version's output. Pass "
                                  f"masks.all_assistant_mask, or use the generic/sft head.")
-            return asst & scorable
+        if head != "sft":
+            return head_positions(head, scorable, assistant_mask=asst)
         attn = layout.attention_mask
         if layout.position_ids is not None:  # packed: the response is each sequence's last run of assistant tokens
             if asst is None:
                 raise ValueError(f"{name}: packed rows (input key 'position_ids') need "
                                  f"{(*_key(self.masks_key), 'all_assistant_mask')} for the sft head: each packed "
                                  f"sequence's response is its last run of assistant tokens.")
-            return _last_run(asst & attn, _sequence_ids(layout.position_ids, attn)) & scorable
+            return head_positions("sft", scorable,
+                                  response_mask=_last_run(asst & attn, _sequence_ids(layout.position_ids, attn)))
         lens = self._prompt_lengths(layout.source, lambda: _real_rows(layout.tokens, attn))
         if lens is None:
             if asst is None:
@@ -356,14 +355,14 @@ class MaskedDistributionsMixin:
                     f"use input_mode='history' with {(*_key(self.history_key), 'full')!r}, or pass "
                     f"{(*_key(self.masks_key), 'all_assistant_mask')} (the last run of assistant tokens of each row "
                     f"is the response).")
-            return _last_run(asst & attn) & scorable
+            return head_positions("sft", scorable, response_mask=_last_run(asst & attn))
         rank = attn.long().cumsum(-1) - 1  # index of each token inside its row's real tokens
         mask = scorable & (rank >= torch.as_tensor(lens, device=attn.device)[:, None])
         if asst is not None:  # end at the last assistant token (the stop token), not at a separator after it
             pos = torch.arange(attn.shape[-1], device=attn.device).expand_as(attn)
             last = torch.where(asst & mask, pos, torch.full_like(pos, -1)).amax(-1)
             mask &= (pos <= last[:, None]) | (last < 0)[:, None]
-        return mask
+        return head_positions("sft", scorable, response_mask=mask)
 
     def _explicit_mask(self, layout: DistLayout, mask: Any, name: str, what: str) -> Tensor:
         shape = tuple(layout.tokens.shape)
@@ -427,7 +426,6 @@ class MaskedDistributionsMixin:
         return layout
 
 
-HEADS = ("sft", "rlhf", "generic")
 """Loss heads of :meth:`LLMWrapperBase.head_mask` (and ``get_sft_dist`` / ``get_rlhf_dist`` / ``get_generic_dist``)."""
 
 COMPLETION_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "prompt_index")

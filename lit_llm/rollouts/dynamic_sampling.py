@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lit_llm.objectives.grpo import compute_advantages
+from lit_llm.objectives.advantages import check_num_generations, compute_advantages
 from lit_llm.rollouts.batch import RolloutBatch
 
 __all__ = ["informative_groups", "select_groups"]
@@ -33,7 +33,8 @@ def informative_groups(reward: Tensor, num_generations: int) -> Tensor:
     Raises:
         ValueError: ``reward`` not 1-D or not a multiple of ``num_generations`` (>= 2) long.
     """
-    if reward.ndim != 1 or num_generations < 2 or reward.numel() % num_generations:
+    check_num_generations(num_generations)
+    if reward.ndim != 1 or reward.numel() % num_generations:
         raise ValueError(f"informative_groups: reward must be 1-D with a multiple of num_generations={num_generations} "
                          f"(>= 2) entries, got shape {tuple(reward.shape)}.")
     std = reward.detach().float().view(-1, num_generations).std(dim=1)

@@ -30,21 +30,22 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tensordict import TensorDict, lazy_stack
 from torch import Tensor
 
 from lit_llm.data.prompts import tokenize_prompts
-from lit_llm.objectives.grpo import compute_advantages
+from lit_llm.objectives.advantages import compute_advantages
 from lit_llm.policy.batching import caller_context, in_context
 from lit_llm.policy.rows import read_rows
-from lit_llm.policy.sampling import _splitmix64
+from lit_llm.policy.sampling import _splitmix64 as splitmix64  # TODO(merge): the public name
 from lit_llm.rewards import TrainerState
 from lit_llm.rollouts.batch import RolloutBatch
+from lit_llm.rollouts.settings import RolloutError, RolloutSettings
 
-__all__ = ["RESERVED_KEYS", "RolloutEngine", "RolloutError", "distinct_prompts", "policy_responses",
+__all__ = ["RESERVED_KEYS", "RolloutEngine", "RolloutError", "distinct_prompts", "mix_seed", "policy_responses",
            "read_prompt_batch", "row_seeds"]
 
 #: Prompt-batch keys the engine reads itself; every other key is a dataset column passed to the reward functions.
@@ -56,11 +57,8 @@ ROLLOUT_BATCHING_TIMEOUT = 300.0
 
 RewardCallable = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
-class RolloutError(ValueError):
-    """A prompt batch or a rollout setting is unusable; the message names the key and the fix."""
 
-
-def _mix_seed(seed: int, step: int, rank: int = 0) -> int:
+def mix_seed(seed: int, step: int, rank: int = 0) -> int:
     """Seed of ``(seed, step, rank)``; rank 0 keeps the single-process value, other ranks are offset by a large odd
     constant (golden-ratio hash)."""
     return (int(seed) * 1_000_003 + int(step) * 7919 + int(rank) * 0x9E3779B97F4A7C15) % (2**63 - 1)
@@ -69,17 +67,17 @@ def _mix_seed(seed: int, step: int, rank: int = 0) -> int:
 def row_seeds(seed: int, step: int, rank: int, num_prompts: int, num_generations: int,
               sampling_round: int = 0) -> Tensor:
     """Per-row sampling seeds of one rollout: row ``k * G + g`` (prompt ``k``, generation ``g``) gets
-    ``splitmix64(base ⊕ hash(k, g)) mod 2**63`` with ``base = _mix_seed(seed, step, rank)`` in round 0 and
+    ``splitmix64(base ⊕ hash(k, g)) mod 2**63`` with ``base = mix_seed(seed, step, rank)`` in round 0 and
     ``splitmix64(base ⊕ splitmix64(2**40 + sampling_round))`` in the later rounds of dynamic sampling (extra prompt
     batches of the same step: their own streams, round 0 unchanged).
 
     Returns:
         ``[num_prompts * num_generations]`` int64 tensor of seeds in ``[0, 2**63)``.
     """
-    base = _mix_seed(seed, step, rank)
+    base = mix_seed(seed, step, rank)
     if sampling_round:
-        base = _splitmix64(base ^ _splitmix64((1 << 40) + int(sampling_round)))
-    out = [_splitmix64(base ^ _splitmix64((k << 20) + g)) & ((1 << 63) - 1)
+        base = splitmix64(base ^ splitmix64((1 << 40) + int(sampling_round)))
+    out = [splitmix64(base ^ splitmix64((k << 20) + g)) & ((1 << 63) - 1)
            for k in range(num_prompts) for g in range(num_generations)]
     return torch.tensor(out, dtype=torch.long)
 
@@ -162,6 +160,22 @@ def policy_responses(policy: Any, prompts: list[Tensor], *, seeds: Tensor | None
     return resp, lps, [bool(t) for t in out.get("truncated").reshape(-1).tolist()]
 
 
+def resolve_settings(settings: RolloutSettings | None, options: Mapping[str, Any]) -> RolloutSettings:
+    """``settings``, or a :class:`RolloutSettings` of the keyword ``options`` (its fields).
+
+    Raises:
+        RolloutError: both given; an unknown option; an invalid setting.
+    """
+    if settings is not None:
+        if options:
+            raise RolloutError(f"give either settings or its fields as options, not both (options: {sorted(options)}).")
+        return settings
+    try:
+        return RolloutSettings(**options)
+    except TypeError as e:
+        raise RolloutError(f"{e}; the options are RolloutSettings' fields.") from e
+
+
 class RolloutEngine:
     """Sample ``num_generations`` completions per prompt with a generate-version policy, reward them, build advantages.
 
@@ -171,55 +185,57 @@ class RolloutEngine:
         tokenizer: the policy's tokenizer (prompt rendering and completion decoding).
         reward_fn: ``fn(prompts, completions, completion_ids, trainer_state, **columns) -> (total [N],
             {name: [N]})``, e.g. :class:`lit_llm.rewards.RewardFunctions`.
-        num_generations: completions per prompt ``G`` (>= 2: a group needs a std).
-        scale_rewards: ``"group"``, ``"batch"`` or ``"none"`` (see :func:`~lit_llm.objectives.compute_advantages`).
-        advantage_estimator: ``"grpo"``, ``"rloo"`` or ``"reinforce_plus_plus"`` (the baseline; see
-            :func:`~lit_llm.objectives.compute_advantages` for how it combines with ``scale_rewards``).
-        seed: sampling seed (per-row generators, see the module docstring); ``None``: the global RNG.
-        chat_template: template for chat prompts without ``prompt_ids``.
-        chat_template_kwargs: template variables of those renders (e.g. ``{"enable_thinking": False}``).
-        batching: serve the rollout workers through the wrapper's threaded batcher (a version of ``policy`` with
-            ``min_batch_size`` = the rows of the call, built once per row count). ``False``: one direct call.
-        num_workers: rollout worker threads with ``batching``; ``None`` = one per prompt group.
+        settings: the :class:`~lit_llm.rollouts.settings.RolloutSettings` (group size ``num_generations``,
+            ``scale_rewards``, ``advantage_estimator``, ``seed``, chat template of prompts without ``prompt_ids``,
+            ``batching``, ``num_workers``), taken whole; or give its fields as keyword ``options`` instead.
         version: initial policy version (optimizer steps of the weights the policy holds).
-        rank: the process rank under DDP, mixed into the seeds (:class:`GRPOModule` sets it).
+        rank: the process rank under DDP, mixed into the seeds (the version switch sets it).
         trainer_state_fn: returns the :class:`~lit_llm.rewards.TrainerState` the reward functions receive (the
             trainer's progress when a rollout starts; set by :class:`~lit_llm.lightning.versions.
             PolicyVersionSwitch`). ``None``: ``TrainerState(global_step=step)`` of :meth:`rollout`'s ``step``.
+        **options: :class:`RolloutSettings` fields, when ``settings`` is not given.
+
+    With ``batching`` the generate version is served through the threaded batcher (a version of ``policy`` with
+    ``min_batch_size`` = the rows of the call, built once per row count); otherwise one direct call.
 
     Raises:
-        RolloutError: ``num_generations < 2``, ``num_workers < 1``, a policy that is not a tokens-mode generate
-            version with log-probs.
+        RolloutError: an invalid setting (:class:`RolloutSettings`), both ``settings`` and ``options``, a policy
+            that is not a tokens-mode generate version with log-probs.
     """
 
-    def __init__(self, policy: Any, *, tokenizer: Any, reward_fn: RewardCallable, num_generations: int,
-                 scale_rewards: Literal["group", "batch", "none"] = "group", seed: int | None = 0,
-                 chat_template: str | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
-                 batching: bool = True, num_workers: int | None = None, version: int = 0, rank: int = 0,
-                 trainer_state_fn: Callable[[], TrainerState] | None = None,
-                 advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus"] = "grpo") -> None:
-        if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
-            raise RolloutError(f"num_generations must be an int >= 2 (GRPO compares completions within a group), got "
-                               f"{num_generations!r}; set num_generations to 2 or more.")
-        if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
-                                        or num_workers < 1):
-            raise RolloutError(f"num_workers must be an int >= 1 or None (one per prompt group), got {num_workers!r}.")
+    def __init__(self, policy: Any, *, tokenizer: Any, reward_fn: RewardCallable | None,
+                 settings: RolloutSettings | None = None, version: int = 0, rank: int = 0,
+                 trainer_state_fn: Callable[[], TrainerState] | None = None, **options: Any) -> None:
+        self.settings = resolve_settings(settings, options)
         if not getattr(policy, "generate", False) or getattr(policy, "input_mode", None) != "tokens" \
                 or not getattr(policy, "return_log_probs", True):
             raise RolloutError("RolloutEngine needs the generate version of the policy in tokens mode with log-probs: "
                                "policy.get_new_version(generate=True, input_mode='tokens', return_log_probs=True).")
         self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
-        self.num_generations, self.scale_rewards, self.seed = num_generations, scale_rewards, seed
-        self.chat_template, self.batching, self.num_workers = chat_template, bool(batching), num_workers
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.version, self.rank = version, int(rank)
         self.trainer_state_fn = trainer_state_fn
-        self.advantage_estimator = advantage_estimator
         self.pad_token_id = int(policy.generation_config.pad_token_id)
         self.max_new_tokens = int(policy.generation_config.max_new_tokens)
         self._batched: dict[tuple, Any] = {}  # (rows, timeout, max rows) -> batching version of the policy
         self._lock = threading.Lock()
         self.num_policy_calls = 0  # calls of the generate version (one per worker and rollout)
+
+    # the settings the rollout reads, by their own names
+    num_generations = property(lambda self: self.settings.num_generations, doc="Completions per prompt ``G``.")
+    scale_rewards = property(lambda self: self.settings.scale_rewards, doc="The advantages' divisor.")
+    advantage_estimator = property(lambda self: self.settings.advantage_estimator, doc="The advantages' baseline.")
+    seed = property(lambda self: self.settings.seed, doc="Base sampling seed (``None``: the global RNG).")
+    chat_template = property(lambda self: self.settings.chat_template, doc="Template of prompts without ids.")
+    chat_template_kwargs = property(lambda self: self.settings.chat_template_kwargs, doc="Its variables.")
+    batching = property(lambda self: self.settings.batching, doc="Workers served by the threaded batcher.")
+    num_workers = property(lambda self: self.settings.num_workers, doc="Rollout worker threads (``None``: one/group).")
+
+    def twin_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments that build a twin of this engine (same class) over another generate version: the
+        tokenizer, reward functions, settings (whole), rank and ``trainer_state_fn`` (the asynchronous producer's copy
+        of the weights, the greedy evaluation)."""
+        return {"tokenizer": self.tokenizer, "reward_fn": self.reward_fn, "settings": self.settings,
+                "rank": self.rank, "trainer_state_fn": self.trainer_state_fn}
 
     @property
     def model(self) -> torch.nn.Module:
@@ -229,7 +245,7 @@ class RolloutEngine:
     def sampling_seed(self, step: int) -> int | None:
         """The base seed of ``step`` on this :attr:`rank` (``None`` without ``seed``); rows mix in their prompt and
         generation index (:func:`row_seeds`)."""
-        return None if self.seed is None else _mix_seed(self.seed, step, self.rank)
+        return None if self.seed is None else mix_seed(self.seed, step, self.rank)
 
     def batched_policy(self, rows: int, *, timeout: float = ROLLOUT_BATCHING_TIMEOUT,
                        max_batch_size: int | None = None) -> Any:

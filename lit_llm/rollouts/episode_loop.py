@@ -17,19 +17,13 @@ import torch
 from torch import Tensor
 
 from lit_llm.policy.sampling import _splitmix64
-from lit_llm.rollouts.engine import RolloutError
 from lit_llm.rollouts.envs.base import call_with_timeout
 from lit_llm.rollouts.episode_renderer import EpisodeRenderer
+from lit_llm.rollouts.settings import DEFAULT_MAX_TURNS, DEFAULT_STEP_TIMEOUT, RolloutError
 from lit_llm.rollouts.trajectory import Segment, Trajectory
 
 __all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "ENGINE_REASONS", "run_episode", "turn_seed"]
 
-#: Model turns of an episode when neither ``max_turns`` nor ``max_tool_calling_iterations`` is given.
-DEFAULT_MAX_TURNS = 8
-
-#: Seconds an environment's ``step`` may take before its episode ends (reason ``"step_timeout"``): the engine's own
-#: guard against an environment that hangs (tools have their own ``tool_timeout`` inside the environment).
-DEFAULT_STEP_TIMEOUT = 300.0
 
 #: Reasons the engine itself ends an episode (an environment gives its own in ``EnvStep.info["reason"]``).
 ENGINE_REASONS = ("max_turns", "max_episode_tokens", "max_new_tokens", "max_context", "step_timeout", "aborted")

@@ -29,18 +29,18 @@ renders), :mod:`~lit_llm.rollouts.trajectory` (:class:`Segment`, :class:`Traject
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from lit_llm.objectives.grpo import check_advantage_settings, compute_advantages
+from lit_llm.objectives.advantages import compute_advantages
 from lit_llm.policy.batching import caller_context, in_context
 from lit_llm.rewards import TrainerState
 from lit_llm.rollouts.batch import RolloutBatch
@@ -55,8 +55,6 @@ from lit_llm.rollouts.engine import (
 from lit_llm.rollouts.envs.base import unimplemented_method
 from lit_llm.rollouts.envs.tools import tool_schemas
 from lit_llm.rollouts.episode_loop import (
-    DEFAULT_MAX_TURNS,
-    DEFAULT_STEP_TIMEOUT,
     ENGINE_REASONS,
     Generate,
     _env_name,
@@ -64,23 +62,18 @@ from lit_llm.rollouts.episode_loop import (
     turn_seed,
 )
 from lit_llm.rollouts.episode_renderer import EpisodeRenderer
+from lit_llm.rollouts.settings import (
+    DEFAULT_MAX_TURNS,
+    DEFAULT_STEP_TIMEOUT,
+    EPISODE_BATCHING_TIMEOUT,
+    EpisodeSettings,
+    RolloutSettings,
+)
 from lit_llm.rollouts.trajectory import EPISODE_STAT_KEYS, Segment, Trajectory
 
 __all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "ENGINE_REASONS", "EPISODE_BATCHING_TIMEOUT",
            "EPISODE_STAT_KEYS", "EpisodeEngine", "EpisodeRenderer", "Segment", "Trajectory", "run_episode", "turn_seed"]
 
-#: Seconds a queued turn waits for the turns of other episodes before its batch runs anyway (the batcher's
-#: ``batching_timeout``). A round's batch normally runs when every live episode has queued its turn
-#: (:meth:`EpisodeEngine.run_episodes` keeps ``min_batch_size`` at the episodes still running), so the timeout is only
-#: reached when an environment step (a tool, a user simulator) or the first render of a round takes longer than it;
-#: then the round splits, and each split costs a whole extra turn of generation. Measured (issue 16, SmolLM2-135M,
-#: calculator episodes, 32 per step, 2-core CPU, bf16-mixed): with the earlier fixed ``min_batch_size`` = 32 and a
-#: 50 ms timeout, the 32 first renders did not all queue within 50 ms and first rounds split (24 + 8, 11 + 21 rows),
-#: 5-6 batches and 28-46 s of generation per step where 3 batches of the same episodes need ~14 s; the batch
-#: composition, hence the bf16 rounding and the trajectory, then depended on thread timing. 1 s covers the first
-#: renders and fast tools with room to spare; a slower tool holds its round at most this long (raise it for tools
-#: that are slower than a turn of generation, lower it for tools that are slow and rare).
-EPISODE_BATCHING_TIMEOUT = 1.0
 
 
 def _episode_note(i: int, n: int, row: Any, num_generations: int) -> str:
@@ -89,15 +82,6 @@ def _episode_note(i: int, n: int, row: Any, num_generations: int) -> str:
     where = f"prompt {i // g}, generation {i % g}" if g > 1 else f"prompt {i}"
     sample_id = row.get("sample_id") if isinstance(row, Mapping) else None
     return f"in episode {i} of {n} ({where}" + (f", sample_id {sample_id!r})" if sample_id is not None else ")")
-
-
-def _positive(name: str, value: Any, *, kind: type = int, optional: bool = True, minimum: float = 1) -> None:
-    if value is None and optional:
-        return
-    ok = not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
-    if not ok or not math.isfinite(value) or value < minimum:
-        raise RolloutError(f"{name} must be {'a number' if kind is float else 'an int'} >= {minimum}"
-                           f"{' or None' if optional else ''}, got {value!r}.")
 
 
 class EpisodeEngine(RolloutEngine):
@@ -120,97 +104,62 @@ class EpisodeEngine(RolloutEngine):
         policy: the generate version (tokens mode, log-probs), as for :class:`RolloutEngine`.
         tokenizer: the policy's fast tokenizer.
         env_factory: ``fn() -> Environment``, called once per episode (e.g. from
-            :func:`lit_llm.rollouts.envs.resolve_environment`; a class works too).
-        num_generations: episodes per prompt ``G`` (>= 2).
+            :func:`lit_llm.rollouts.envs.resolve_environment`; a class works too); the ``env_factory`` of
+            ``episode`` when that is given.
         reward_fn: optional extra reward functions over whole episodes (e.g. :class:`lit_llm.rewards.
             RewardFunctions`).
-        env_reward_weight: weight of the ``"env"`` reward in the total.
-        max_turns: model turns per episode at most (default :data:`DEFAULT_MAX_TURNS`).
-        max_tool_calling_iterations: TRL's name: environment replies at most, i.e. ``max_turns = k + 1``.
-        max_episode_tokens: completion ids per episode at most (sampled + environment), ``None``: no budget (the
-            context still bounds it). Also :attr:`max_completion_length`, ``dr_grpo``'s constant.
-        tool_timeout: seconds per tool call, set as the ``tool_timeout`` attribute of each environment that has one
-            (:class:`~lit_llm.rollouts.envs.ToolEnv`), overriding the environment's own value (a one-time
-            ``UserWarning`` names both when they differ); ``None`` (the default) keeps the environment's own.
-        step_timeout: seconds one ``env.step`` may take before its episode ends (``"step_timeout"``).
-        batching_timeout: seconds a queued turn waits for other episodes' turns (:data:`EPISODE_BATCHING_TIMEOUT`).
-        max_batch_size: most rows per shared forward pass (``None``: every queued turn).
-        tools_prompt: describes tools in the system prompt for templates without ``tools`` (see
-            :class:`EpisodeRenderer`).
-        scale_rewards, advantage_estimator, seed, chat_template, chat_template_kwargs, version, rank,
-            trainer_state_fn: as :class:`RolloutEngine`.
-        batching: run the episodes concurrently, one thread each, served by the batcher; ``False``: one after the
-            other with direct calls (bit-reproducible with ``seed``).
-        num_workers: episode threads at most (``None``: one per episode).
+        settings: the :class:`~lit_llm.rollouts.settings.RolloutSettings` (``num_generations`` = episodes per
+            prompt; ``batching``: the episodes run concurrently, one thread each, served by the batcher, ``False``:
+            one after the other with direct calls; ``num_workers``: episode threads at most), as for
+            :class:`RolloutEngine`.
+        episode: the :class:`~lit_llm.rollouts.settings.EpisodeSettings` (turn and token budgets, timeouts, the
+            environment reward's weight; ``tool_timeout`` is set as the ``tool_timeout`` attribute of each
+            environment that has one, overriding the environment's own value, with a one-time ``UserWarning`` naming
+            both when they differ; ``max_episode_tokens`` is also :attr:`max_completion_length`, ``dr_grpo``'s
+            constant).
+        version, rank, trainer_state_fn: as :class:`RolloutEngine`.
+        **options: fields of :class:`RolloutSettings` and :class:`EpisodeSettings`, when those are not given.
 
     Raises:
         RolloutError: a setting out of range, ``max_turns`` and ``max_tool_calling_iterations`` that disagree, an
             ``env_factory`` that is not callable, a policy that is not a tokens-mode generate version.
     """
 
-    def __init__(self, policy: Any, *, tokenizer: Any, env_factory: Callable[[], Any], num_generations: int,
+    def __init__(self, policy: Any, *, tokenizer: Any, env_factory: Callable[[], Any] | None = None,
                  reward_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None,
-                 env_reward_weight: float = 1.0, max_turns: int | None = None,
-                 max_tool_calling_iterations: int | None = None, max_episode_tokens: int | None = None,
-                 tool_timeout: float | None = None, step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
-                 batching_timeout: float = EPISODE_BATCHING_TIMEOUT, max_batch_size: int | None = None,
-                 tools_prompt: Callable[[list], str] | None = None,
-                 scale_rewards: Literal["group", "batch", "none"] = "group", seed: int | None = 0,
-                 chat_template: Any = None, chat_template_kwargs: Mapping[str, Any] | None = None,
-                 batching: bool = True, num_workers: int | None = None, version: int = 0, rank: int = 0,
-                 trainer_state_fn: Callable[[], TrainerState] | None = None,
-                 advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus"] = "grpo") -> None:
-        super().__init__(policy, tokenizer=tokenizer, reward_fn=reward_fn, num_generations=num_generations,
-                         scale_rewards=scale_rewards, seed=seed, chat_template=chat_template,
-                         chat_template_kwargs=chat_template_kwargs, batching=batching, num_workers=num_workers,
-                         version=version, rank=rank, trainer_state_fn=trainer_state_fn,
-                         advantage_estimator=advantage_estimator)
-        try:
-            check_advantage_settings(num_generations, scale_rewards, advantage_estimator)
-        except ValueError as e:
-            raise RolloutError(str(e)) from e
-        if not callable(env_factory):
-            raise RolloutError(f"env_factory must be a callable returning a fresh environment per episode (e.g. "
-                               f"resolve_environment('calculator') or the class itself), got {env_factory!r:.80}.")
-        _positive("max_turns", max_turns)
-        _positive("max_tool_calling_iterations", max_tool_calling_iterations, minimum=0)
-        if max_tool_calling_iterations is not None:
-            if max_turns is not None and max_turns != max_tool_calling_iterations + 1:
-                raise RolloutError(f"max_turns={max_turns} and max_tool_calling_iterations="
-                                   f"{max_tool_calling_iterations} disagree (max_turns = iterations + 1: the model "
-                                   f"answers once more after the last environment reply); set only one.")
-            max_turns = max_tool_calling_iterations + 1
-        _positive("max_episode_tokens", max_episode_tokens)
-        _positive("tool_timeout", tool_timeout, kind=float, minimum=1e-9)
-        _positive("step_timeout", step_timeout, kind=float, minimum=1e-9)
-        _positive("batching_timeout", batching_timeout, kind=float, optional=False, minimum=1e-9)
-        _positive("max_batch_size", max_batch_size)
-        if isinstance(env_reward_weight, bool) or not isinstance(env_reward_weight, (int, float)) \
-                or not math.isfinite(env_reward_weight):
-            raise RolloutError(f"env_reward_weight must be a finite number, got {env_reward_weight!r}.")
-        self.env_factory = env_factory
-        self.env_reward_weight = float(env_reward_weight)
-        self.max_turns = DEFAULT_MAX_TURNS if max_turns is None else int(max_turns)
-        self.max_episode_tokens = max_episode_tokens
-        self.tool_timeout, self.step_timeout = tool_timeout, step_timeout
+                 settings: RolloutSettings | None = None, episode: EpisodeSettings | None = None, version: int = 0,
+                 rank: int = 0, trainer_state_fn: Callable[[], TrainerState] | None = None, **options: Any) -> None:
+        fields = {f.name for f in dataclasses.fields(EpisodeSettings)}
+        episode_options = {k: options.pop(k) for k in list(options) if k in fields}
+        if env_factory is not None:
+            episode_options["env_factory"] = env_factory
+        if episode is not None and episode_options:
+            raise RolloutError(f"give either episode or its fields, not both (options: {sorted(episode_options)}).")
+        super().__init__(policy, tokenizer=tokenizer, reward_fn=reward_fn, settings=settings, version=version,
+                         rank=rank, trainer_state_fn=trainer_state_fn, **options)
+        if episode is None:
+            try:
+                episode = EpisodeSettings(**episode_options)
+            except TypeError as e:
+                raise RolloutError(f"EpisodeEngine needs env_factory (a callable returning a fresh environment per "
+                                   f"episode): {e}") from e
+        self.episode = episode
+        self.env_factory = episode.env_factory
+        self.env_reward_weight = float(episode.env_reward_weight)
+        self.max_turns = episode.turns
+        self.max_episode_tokens = episode.max_episode_tokens
+        self.tool_timeout, self.step_timeout = episode.tool_timeout, episode.step_timeout
         self._warned_tool_timeout = False
-        self.batching_timeout, self.max_batch_size = float(batching_timeout), max_batch_size
-        self.renderer = EpisodeRenderer(tokenizer, chat_template=chat_template,
-                                        chat_template_kwargs=chat_template_kwargs, tools_prompt=tools_prompt)
+        self.batching_timeout, self.max_batch_size = float(episode.batching_timeout), episode.max_batch_size
+        self.renderer = EpisodeRenderer(tokenizer, chat_template=self.chat_template,
+                                        chat_template_kwargs=self.chat_template_kwargs,
+                                        tools_prompt=episode.tools_prompt)
         context = getattr(getattr(getattr(policy, "model", None), "config", None), "max_position_embeddings", None)
         self.max_input_length = None if context is None else int(context) - self.max_new_tokens
 
-    def episode_settings(self) -> dict[str, Any]:
-        """This engine's episode options as keyword arguments of the constructor (``env_factory``,
-        ``env_reward_weight``, ``max_turns``, ``max_episode_tokens``, ``tool_timeout``, ``step_timeout``,
-        ``batching_timeout``, ``max_batch_size``, ``tools_prompt``): what a twin engine over another generate version
-        needs besides :class:`RolloutEngine`'s options (the asynchronous producer's copy of the weights, the greedy
-        evaluation)."""
-        return {"env_factory": self.env_factory, "env_reward_weight": self.env_reward_weight,
-                "max_turns": self.max_turns, "max_episode_tokens": self.max_episode_tokens,
-                "tool_timeout": self.tool_timeout, "step_timeout": self.step_timeout,
-                "batching_timeout": self.batching_timeout, "max_batch_size": self.max_batch_size,
-                "tools_prompt": self.renderer.tools_prompt}
+    def twin_kwargs(self) -> dict[str, Any]:
+        """:meth:`RolloutEngine.twin_kwargs` plus the episode settings (whole)."""
+        return {**super().twin_kwargs(), "episode": self.episode}
 
     @property
     def max_completion_length(self) -> int | None:

@@ -86,7 +86,7 @@ class AsyncRollouts:
             version: version of the weights being copied.
             engine_cls: the engine class: :class:`RolloutEngine`, or
                 :class:`~lit_llm.rollouts.episodes.EpisodeEngine` for multi-turn episodes (its options, e.g. from
-                :meth:`~lit_llm.rollouts.episodes.EpisodeEngine.episode_settings`, in ``engine_kwargs``).
+                ``episode=`` :class:`~lit_llm.rollouts.settings.EpisodeSettings`, in ``engine_kwargs``).
             **engine_kwargs: ``engine_cls`` keyword arguments.
         """
         model = copy.deepcopy(policy.model).eval().requires_grad_(False)
@@ -95,6 +95,27 @@ class AsyncRollouts:
         engine = engine_cls(twin, **engine_kwargs, version=version)
         return cls(engine, prompts, max_staleness=max_staleness, queue_size=queue_size,
                    rollout_context=rollout_context)
+
+    @classmethod
+    def from_engine(cls, engine: RolloutEngine, prompts: Iterable[Mapping[str, Any]], *, max_staleness: int = 1,
+                    queue_size: int = 1, version: int | None = None,
+                    rollout_context: Callable[[], AbstractContextManager] | None = None,
+                    trainer_state_fn: Callable[[], Any] | None = None) -> AsyncRollouts:
+        """A producer over a twin of ``engine``: the same class, settings (taken whole, :meth:`RolloutEngine.
+        twin_kwargs`), reward functions and rank, over a deep copy of its policy's weights (:meth:`from_policy`).
+
+        Args:
+            engine: the trainer's engine (over the trained weights).
+            prompts, max_staleness, queue_size, rollout_context: see the class.
+            version: version of the weights being copied (default: the engine's).
+            trainer_state_fn: the twin's ``trainer_state_fn`` (default: the engine's).
+        """
+        kwargs = engine.twin_kwargs()
+        if trainer_state_fn is not None:
+            kwargs["trainer_state_fn"] = trainer_state_fn
+        return cls.from_policy(engine.policy, prompts, max_staleness=max_staleness, queue_size=queue_size,
+                               version=engine.version if version is None else version,
+                               rollout_context=rollout_context, engine_cls=type(engine), **kwargs)
 
     def __len__(self) -> int:
         return len(self.prompts)  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from ddp_launch import (
     launch,
 )
 
-from lit_llm.rollouts.engine import _mix_seed
+from lit_llm.rollouts.engine import mix_seed
 
 NUM_TRAIN, PROMPTS, G, MAX_NEW, STEPS = 21, 2, 4, 24, 6
 STEPS_PER_EPOCH = NUM_TRAIN // (2 * PROMPTS)  # 5; the 21st prompt of an epoch is dropped
@@ -54,9 +54,9 @@ def runs(tmp_path_factory) -> RunCache:
 
 
 def test_sampling_seed_differs_per_rank_and_rank0_keeps_the_single_process_stream():
-    seeds = {_mix_seed(0, s, r) for s in range(50) for r in range(8)}
+    seeds = {mix_seed(0, s, r) for s in range(50) for r in range(8)}
     assert len(seeds) == 400
-    assert _mix_seed(3, 5, 0) == 3 * 1_000_003 + 5 * 7919  # rank 0 = the single-process seed of before
+    assert mix_seed(3, 5, 0) == 3 * 1_000_003 + 5 * 7919  # rank 0 = the single-process seed of before
 
 
 @pytest.mark.slow

@@ -77,7 +77,7 @@ def test_validate_labels_samples_with_the_checkpoint_step(ckpt, tmp_path):
 
 
 def test_eval_step_is_global_step_without_a_checkpoint():
-    from lit_llm.lightning.module import SFTModule
+    from lit_llm.lightning.sft import SFTModule
 
     module = SFTModule("tiny")
     assert module.eval_step == 0

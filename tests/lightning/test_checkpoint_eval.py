@@ -10,7 +10,7 @@ from lightning.pytorch import Callback, Trainer
 
 from lit_llm.lightning.callbacks import StepCheckpoint
 from lit_llm.lightning.datamodules import SFTDataModule
-from lit_llm.lightning.module import SFTModule
+from lit_llm.lightning.sft import SFTModule
 
 
 class Events(Callback):

@@ -14,8 +14,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 
 from lit_llm.lightning.datamodules import SFTDataModule
-from lit_llm.lightning.module import SFTModule
 from lit_llm.lightning.progress import StepProgressBar
+from lit_llm.lightning.sft import SFTModule
 
 
 def _parts(tmp_path: Path, plain: bool, **kw):

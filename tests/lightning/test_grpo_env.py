@@ -387,7 +387,7 @@ def test_async_rollouts_build_an_episode_engine(stops_model, tmp_path):
     trainer(3, rec, root=tmp_path).fit(module, key_data(tmp_path))
     producer = module.async_rollouts
     assert isinstance(producer.engine, EpisodeEngine) and producer.engine.model is not module.model
-    assert producer.engine.episode_settings() == module.engine.episode_settings()
+    assert producer.engine.episode == module.engine.episode and producer.engine.settings == module.engine.settings
     assert producer.engine.num_policy_calls > 0 and module.engine.num_policy_calls == 0
     assert 1 <= len(rec.steps) <= 3
     for m in rec.steps:

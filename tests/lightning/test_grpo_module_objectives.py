@@ -117,7 +117,7 @@ def test_with_old_log_probs_keeps_rollout_log_probs():
         ({"old_log_probs": "generation"}, "old_log_probs must be 'rollout'"),
         ({"advantage_estimator": "reinforce_plus_plus"}, "GRPOModule: advantage_estimator='reinforce_plus_plus'"),
         ({"loss_type": "cispo"}, "needs epsilon_high"),
-        ({"loss_type": "ppo"}, "unknown loss_type 'ppo'"),
+        ({"loss_type": "ppo"}, "GRPOModule: Unknown loss_type 'ppo'"),
     ],
 )
 def test_option_errors(kwargs, match):

@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import CSVLogger
 import lit_llm.lightning.module as module_mod
 from lit_llm.lightning.datamodules import SFTDataModule
 from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes
-from lit_llm.lightning.module import SFTModule
+from lit_llm.lightning.sft import SFTModule
 
 linux_glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
                                  reason="malloc_trim is glibc's (Linux)")

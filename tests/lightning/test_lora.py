@@ -13,7 +13,7 @@ from lightning.pytorch import Trainer
 
 from lit_llm.lightning.grpo import GRPOModule
 from lit_llm.lightning.grpo_data import GRPODataModule
-from lit_llm.lightning.module import SFTModule
+from lit_llm.lightning.sft import SFTModule
 from lit_llm.models import ModelConfig, tiny_model
 from lit_llm.policy.logprobs import model_token_log_probs, token_hidden_states
 

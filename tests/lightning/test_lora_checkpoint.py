@@ -15,7 +15,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_llm.lightning.datamodules import SFTDataModule
 from lit_llm.lightning.export import export_checkpoint, load_checkpoint_module
-from lit_llm.lightning.module import PolicyModule, SFTModule
+from lit_llm.lightning.module import PolicyModule
+from lit_llm.lightning.sft import SFTModule
 from lit_llm.models import base_model_identity, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -193,7 +194,7 @@ def test_resume_with_lora_dropout_draws_the_uninterrupted_runs_dropout_masks(tmp
         torch.testing.assert_close(value, want[name], rtol=0, atol=0, msg=name)
 
     # without the restore the resumed steps draw other masks: the check above can fail
-    monkeypatch.setattr("lit_llm.lightning.module.restore_rng_states", lambda *args: False)
+    monkeypatch.setattr("lit_llm.lightning.checkpointing.restore_rng_states", lambda *args: False)
     unrestored, _ = run("unrestored", 5, ckpt_path=str(ckpt))
     assert any(not torch.equal(value, want[name]) for name, value in _adapters(unrestored).items())
 

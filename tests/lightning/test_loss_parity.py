@@ -11,7 +11,7 @@ import torch
 
 from lit_llm.data.datasets import collate, read_examples, tokenize_example
 from lit_llm.lightning.grpo import GRPOModule
-from lit_llm.lightning.module import SFTModule
+from lit_llm.lightning.sft import SFTModule
 from lit_llm.objectives.grpo import effective_completion_mask, grpo_loss
 from lit_llm.objectives.sft import loss_mask, sft_loss
 from lit_llm.policy.logprobs import completion_log_probs, model_token_log_probs
@@ -115,7 +115,7 @@ def test_grpo_loss_types_equal_the_kernel_path(loss_type, mask_truncated, beta, 
             for p in model.parameters():
                 p.add_(0.01 * torch.randn_like(p))
     mbs = module.micro_batches(rollout)
-    module._num_mbs = len(mbs)
+    module.stats.reset(len(mbs))
     # the step count each loss type states, written out
     if loss_type in ("grpo", "dr_grpo"):
         count = torch.tensor(float(rollout.num_rows))

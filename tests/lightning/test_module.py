@@ -12,7 +12,7 @@ from lightning.pytorch import Trainer
 
 from lit_llm.data.datasets import collate, read_examples, tokenize_example
 from lit_llm.lightning.datamodules import SFTDataModule
-from lit_llm.lightning.module import SFTModule
+from lit_llm.lightning.sft import SFTModule
 from lit_llm.objectives.sft import NonFiniteLossError
 
 ROWS = [

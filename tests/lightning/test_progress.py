@@ -13,8 +13,8 @@ from lightning.pytorch import Trainer
 from tqdm import tqdm
 
 from lit_llm.lightning.datamodules import SFTDataModule
-from lit_llm.lightning.module import SFTModule
 from lit_llm.lightning.progress import StepProgressBar, format_duration, key_metrics
+from lit_llm.lightning.sft import SFTModule
 
 ROOT = Path(__file__).resolve().parents[2]
 

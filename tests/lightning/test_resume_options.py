@@ -13,7 +13,7 @@ from lightning.pytorch import Trainer
 
 from lit_llm.lightning.cli import main
 from lit_llm.lightning.datamodules import SFTDataModule
-from lit_llm.lightning.module import SFTModule
+from lit_llm.lightning.sft import SFTModule
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ from test_loss_parity import ROWS as CHAT_ROWS  # pytest puts this folder on sys
 from lit_llm.data.datasets import collate, read_examples, tokenize_example
 from lit_llm.data.packing import collate_packed, unpack_rows
 from lit_llm.lightning.datamodules import SFTDataModule, StepBatchLoader
-from lit_llm.lightning.module import SFTModule
+from lit_llm.lightning.sft import SFTModule
 from lit_llm.policy.logprobs import token_hidden_states
 
 pytestmark = pytest.mark.usefixtures("one_thread")

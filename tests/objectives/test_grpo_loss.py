@@ -56,7 +56,7 @@ def test_advantages_zero_std_exact_for_inexact_floats():
 @pytest.mark.parametrize(
     ("rewards", "g", "kwargs", "match"),
     [
-        (torch.ones(4), 1, {}, "num_generations must be an int >= 2"),
+        (torch.ones(4), 1, {}, "num_generations must be an integer >= 2"),
         (torch.ones(5), 2, {}, "rewards has 5 entries, not a positive multiple of num_generations=2"),
         (torch.ones(2, 2), 2, {}, "rewards must be a 1-D tensor"),
         (torch.tensor([1.0, float("nan")]), 2, {}, r"non-finite values at sample indices \[1\]"),

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lit_llm.rollouts import RolloutBatch
 from lit_llm.rollouts.dynamic_sampling import informative_groups, select_groups
-from lit_llm.rollouts.engine import _mix_seed, row_seeds
+from lit_llm.rollouts.engine import mix_seed, row_seeds
 
 G = 2
 PAD = 0
@@ -117,7 +117,7 @@ def test_select_groups_property_rows_come_from_the_drawn_groups(rounds, want):
 
 
 def test_row_seeds_round_zero_unchanged_later_rounds_differ():
-    base = _mix_seed(5, 7, 0)
+    base = mix_seed(5, 7, 0)
     assert row_seeds(5, 7, 0, 3, 4, 0).tolist() == row_seeds(5, 7, 0, 3, 4).tolist()
     r0, r1, r2 = (set(row_seeds(5, 7, 0, 3, 4, k).tolist()) for k in (0, 1, 2))
     assert not (r0 & r1) and not (r1 & r2) and not (r0 & r2)

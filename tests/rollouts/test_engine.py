@@ -152,7 +152,7 @@ def test_batcher_workers_are_bit_identical_to_one_call(tiny, tokenizer):
 
 
 def test_rollout_errors(tiny, tokenizer):
-    with pytest.raises(RolloutError, match="num_generations must be an int >= 2"):
+    with pytest.raises(RolloutError, match="num_generations must be an integer >= 2"):
         make_engine(tiny, tokenizer, g=1)
     logprob_version = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="tokens", generate=False)
     with pytest.raises(RolloutError, match="generate version"):

@@ -156,7 +156,7 @@ def test_settings_and_errors_name_the_fix(tokenizer):
                        ("step_timeout", -1.0)):
         with pytest.raises(RolloutError, match=key):
             make(tokenizer, **{key: value})
-    with pytest.raises(RolloutError, match=r"num_generations must be an int >= 2"):
+    with pytest.raises(RolloutError, match=r"num_generations must be an integer >= 2"):
         EpisodeEngine(scripted(tokenizer), tokenizer=tokenizer, env_factory=GuessEnv, num_generations=1)
     engine, _ = make(tokenizer)
     with pytest.raises(RolloutError, match=r"GuessEnv needs the column\(s\) \['answer'\], but the prompt batch has "

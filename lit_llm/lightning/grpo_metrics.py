@@ -1,0 +1,164 @@
+"""GRPO's per-step metrics: what one training batch logs (see :mod:`lit_llm.lightning.grpo`'s docstring for the
+names), gathered from the objective's per-micro-batch metrics (:class:`GRPOStepStats`) and the rollout
+(:func:`rollout_metrics`), and the table of sampled completions (:func:`sample_table`).
+
+Sums are kept per micro-batch (token-weighted) and divided once per batch; the ratio ranges are this rank's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_llm.lightning.episode_metrics import episode_columns, episode_metrics, episode_sample_table, episode_times
+from lit_llm.rollouts import RolloutBatch
+
+__all__ = ["GRPOStepStats", "rollout_metrics", "sample_table"]
+
+
+class GRPOStepStats:
+    """The statistics of one training batch's optimizer steps (``num_iterations`` of them), filled micro-batch by
+    micro-batch (:meth:`add`) and step by step (:meth:`end_step`)."""
+
+    def __init__(self) -> None:
+        self.reset(1)
+
+    def reset(self, num_micro_batches: int) -> None:
+        """Start a training batch of ``num_micro_batches`` micro-batches per optimizer step."""
+        self.num_micro_batches = num_micro_batches
+        self.iterations: list[dict[str, Tensor]] = []  # each optimizer step's sums over micro-batches and ranks
+        self.ratio_range = (float("inf"), float("-inf"))  # this rank's ratio min / max over the batch's steps
+        self.first_ranges: dict[str, tuple[float, float]] = {}  # first iteration: GRPO ratio and mismatch ratio
+        self.iteration = 0
+        self.recompute_time = 0.0
+
+    def add(self, m: dict[str, Tensor], real_tokens: Tensor) -> dict[str, Tensor]:
+        """The detached sums one micro-batch adds to its step's totals, from the objective's metrics ``m``
+        (:func:`~lit_llm.objectives.grpo_loss`'s keys) and its ``real_tokens`` (prompt + completion tokens); this
+        rank's ratio ranges are updated on the way."""
+        n, n0 = m["num_tokens"], m["mismatch/num_tokens"]
+        stats = {"loss": m["loss"], "num_tokens": n, "num_real_tokens": real_tokens,
+                 "clip_low": m["clip_ratio/low_mean"] * n, "clip_high": m["clip_ratio/high_mean"] * n,
+                 "clip_region": m["clip_ratio/region_mean"] * n, "ratio_sum": m["ratio_mean"] * n,
+                 "entropy_sum": m["entropy"] * n, "mismatch_kl_sum": m["mismatch/kl"] * n0, "mismatch_tokens": n0}
+        if "rollout_correction/weight_mean" in m:
+            stats["corrected_sum"] = m["rollout_correction/corrected_fraction"] * n0
+            stats["weight_sum"] = m["rollout_correction/weight_mean"] * n
+        self.ratio_range = (min(self.ratio_range[0], float(m["ratio_min"])),
+                            max(self.ratio_range[1], float(m["ratio_max"])))
+        if self.iteration == 0:
+            for key, prefix in (("ratio", ""), ("mismatch", "mismatch/")):
+                lo, hi = self.first_ranges.get(key, (float("inf"), float("-inf")))
+                if n0 > 0:
+                    lo, hi = min(lo, float(m[f"{prefix}ratio_min"])), max(hi, float(m[f"{prefix}ratio_max"]))
+                self.first_ranges[key] = (lo, hi)
+        if "kl" in m:
+            stats["kl_sum"] = m["kl"] * n
+        return stats
+
+    def end_step(self, summed: dict[str, Tensor]) -> None:
+        """Keep one optimizer step's sums (all micro-batches, all ranks)."""
+        self.iterations.append(summed)
+
+    def metrics(self, train_time: float, trained_tokens: Tensor, recompute: bool) -> dict[str, Tensor | float]:
+        """The loss-side metrics of the batch (``{}`` when no step ran)."""
+        it = self.iterations
+        if not it:
+            return {}
+        n = sum(s["num_tokens"] for s in it).clamp(min=1)
+        log: dict[str, Tensor | float] = {
+            "train/loss": it[-1]["loss"], "train/grad_norm": it[-1]["grad_norm"], "train/lr": it[-1]["lr"],
+            "train/clip_ratio/low_mean": sum(s["clip_low"] for s in it) / n,
+            "train/clip_ratio/high_mean": sum(s["clip_high"] for s in it) / n,
+            "train/clip_ratio/region_mean": sum(s["clip_region"] for s in it) / n,
+            "train/ratio_mean": sum(s["ratio_sum"] for s in it) / n,
+            "train/ratio_min": self.ratio_range[0], "train/ratio_max": self.ratio_range[1],
+            "train/entropy": sum(s["entropy_sum"] for s in it) / n,
+            "train/tokens": trained_tokens.float(),
+            "train/step_tokens": it[-1]["num_tokens"],
+        }
+        if "kl_sum" in it[0]:
+            log["train/kl"] = sum(s["kl_sum"] for s in it) / n
+        first, n_first = it[0], it[0]["num_tokens"].clamp(min=1)
+        n_mismatch = first["mismatch_tokens"].clamp(min=1)
+        log["train/mismatch/kl"] = first["mismatch_kl_sum"] / n_mismatch
+        log["train/first_iteration/clip_ratio"] = first["clip_region"] / n_first
+        for key, name in (("ratio", "first_iteration/ratio"), ("mismatch", "mismatch/ratio")):
+            lo, hi = self.first_ranges.get(key, (1.0, 1.0))
+            log[f"train/{name}_min"], log[f"train/{name}_max"] = (lo, hi) if lo <= hi else (1.0, 1.0)
+        if "corrected_sum" in first:
+            log["train/rollout_correction/corrected_fraction"] = first["corrected_sum"] / n_mismatch
+            log["train/rollout_correction/weight_mean"] = first["weight_sum"] / n_first
+        if recompute:
+            log["time/recompute"] = self.recompute_time
+        if train_time > 0:
+            log["train/tokens_per_sec"] = sum(s["num_real_tokens"] for s in it) / train_time
+        return log
+
+
+def rollout_metrics(module: Any, rollout: RolloutBatch, *, staleness: int, wait_time: float, train_time: float,
+                    step_time: float) -> dict[str, Tensor | float]:
+    """The rollout-side metrics of a training batch over every rank's rows (one ``all_gather``, called by every rank
+    in the same order: the ranks hold different prompts, so rank 0's rows alone would misreport rewards and lengths
+    under DDP); times, throughput and dynamic sampling's rounds are this rank's.
+
+    Args:
+        module: the :class:`~lit_llm.lightning.grpo.GRPOModule` (its trainer, device, ``all_gather``, counters and
+            version switch are read).
+        rollout: the trained batch.
+        staleness, wait_time, train_time, step_time: the step's staleness (steps) and times (s).
+    """
+    names = list(rollout.rewards.keys())
+    reward = rollout.reward.float()
+    cols = torch.stack([reward, rollout.completion_lengths.float(), rollout.truncated.float(),
+                        *[rollout.rewards[n].float() for n in names],
+                        torch.full_like(reward, float(rollout.frac_reward_zero_std))], 1).to(module.device)
+    if module.trainer.world_size > 1:
+        cols = module.all_gather(cols).reshape(-1, cols.shape[1])
+    rewards, lengths, truncated = cols[:, 0], cols[:, 1], cols[:, 2]
+    gen_time = float(rollout.generation_time)
+    log: dict[str, Tensor | float] = {
+        "train/reward": rewards.mean(), "train/reward_std": rewards.std() if rewards.numel() > 1 else 0.0,
+        "train/frac_reward_zero_std": cols[:, -1].mean(),  # every rank holds the same number of groups
+        "train/completions/mean_length": lengths.mean(), "train/completions/min_length": lengths.min(),
+        "train/completions/max_length": lengths.max(),
+        "train/completions/clipped_ratio": truncated.mean(),
+        "train/staleness": float(staleness), "train/dropped_rollouts": module.dropped_rollouts.float(),
+        "time/generation": gen_time, "time/rollout_wait": wait_time, "time/training": train_time,
+        "time/step": step_time,
+    }
+    versions = module.versions
+    if versions.dynamic_sampling:
+        log["train/sampling_rounds"] = float(versions.last_sampling_rounds)
+    if gen_time > 0:  # this rank's generation throughput (dynamic sampling: every round's tokens, not the kept)
+        generated = (versions.last_generated_tokens if versions.dynamic_sampling
+                     else rollout.completion_lengths.float().sum())
+        log["rollout/tokens_per_sec"] = generated / gen_time
+    for j, name in enumerate(names):
+        values = cols[:, 3 + j]
+        log[f"train/rewards/{name}/mean"] = values.nanmean()
+        finite = values[~values.isnan()]
+        log[f"train/rewards/{name}/std"] = finite.std() if finite.numel() > 1 else 0.0
+    if rollout.episodes is not None:  # multi-turn episodes: their own statistics (same rank order as cols)
+        episodes = episode_columns(rollout.episodes).to(module.device)
+        if module.trainer.world_size > 1:
+            episodes = module.all_gather(episodes).reshape(-1, episodes.shape[1])
+        log.update(episode_metrics(episodes, rewards))
+        log.update(episode_times(rollout.episodes))
+    return log
+
+
+def sample_table(rollout: RolloutBatch, step: int, k: int) -> tuple[list[str], list[list[Any]]]:
+    """``(columns, rows)`` of the first ``k`` sampled completions of a rollout: step, sample id, completion, reward,
+    advantage and each reward function's value; whole episodes in the evaluation table's columns for a multi-turn
+    rollout (:func:`~lit_llm.lightning.episode_metrics.episode_sample_table`)."""
+    if rollout.episodes is not None:
+        return episode_sample_table(step, rollout, k)
+    names = list(rollout.rewards.keys())
+    columns = ["step", "sample_id", "completion", "reward", "advantage", *names]
+    rows = [[step, rollout.sample_id[i], rollout.completion[i],
+             round(float(rollout.reward[i]), 4), round(float(rollout.advantage[i]), 4),
+             *[round(float(rollout.rewards[n][i]), 4) for n in names]] for i in range(k)]
+    return columns, rows

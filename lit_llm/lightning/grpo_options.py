@@ -1,0 +1,192 @@
+"""The components :class:`~lit_llm.lightning.grpo.GRPOModule` is wired from, each built from its flat options (TRL's
+names, the YAML / CLI surface) and validated once: the rollout and episode settings
+(:class:`~lit_llm.rollouts.settings.RolloutSettings`, :class:`~lit_llm.rollouts.settings.EpisodeSettings`), the
+reward functions (:func:`build_rewards`), the GRPO objective (:func:`build_objective`: a built-in ``loss_type``, or a
+user's objective class by import path) and the old-log-prob source (:func:`check_old_log_probs`).
+
+Every error names the module's option: :func:`owner_errors` prefixes ``"GRPOModule: "`` to the components' own
+messages (the CLI's hint looks the option up by name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lit_llm.imports import import_module, load_file, split_import_path
+from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS
+from lit_llm.objectives.grpo import GRPOObjective
+from lit_llm.rewards import RewardError, RewardFunctions
+from lit_llm.rollouts.settings import EpisodeSettings
+
+__all__ = ["DEFAULT_REWARDS", "build_objective", "build_rewards", "check_old_log_probs", "episode_settings",
+           "owner_errors"]
+
+#: Shaped arithmetic reward (the base model rarely answers with just the number: format + answer).
+DEFAULT_REWARDS = ("lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
+                   "lit_llm.rewards:strict_number_format_reward")
+
+RewardSpec = str | Callable[..., Any]
+
+
+@contextlib.contextmanager
+def owner_errors(owner: str) -> Iterator[None]:
+    """Re-raise a ``ValueError`` (same class) with ``"<owner>: "`` before its message, unless it starts so."""
+    try:
+        yield
+    except ValueError as e:
+        if str(e).startswith(f"{owner}: "):
+            raise
+        try:
+            err = type(e)(f"{owner}: {e}")
+        except TypeError:  # a subclass with another constructor: keep it
+            raise e from None
+        raise err from e
+
+
+def check_old_log_probs(old_log_probs: str, rollout_correction: str, rollout_mode: str) -> None:
+    """Check the old-log-prob source against the rollout correction and the rollout mode.
+
+    Raises:
+        ValueError: ``old_log_probs`` not ``rollout`` / ``recompute``; a ``rollout_correction`` without
+            ``old_log_probs: recompute`` (its weight is recomputed-old over generation-time probability); in async
+            mode, ``recompute`` without a correction (the ratio would start at 1 and hide the rollout's staleness).
+    """
+    if old_log_probs not in ("rollout", "recompute"):
+        raise ValueError(f"GRPOModule: old_log_probs must be 'rollout' (generation-time) or 'recompute' (the "
+                         f"training forward under no-grad), got {old_log_probs!r}.")
+    if rollout_correction != "none" and old_log_probs != "recompute":
+        raise ValueError(f"GRPOModule: rollout_correction={rollout_correction!r} weighs tokens by recomputed-old over "
+                         f"generation-time probability; set old_log_probs: recompute (or rollout_correction: none).")
+    if rollout_mode == "async" and old_log_probs == "recompute" and rollout_correction == "none":
+        raise ValueError("GRPOModule: rollout_mode async with old_log_probs: recompute and no rollout_correction "
+                         "would hide the rollouts' staleness (the ratio starts at 1 on the trainer's weights); set "
+                         "rollout_correction (e.g. token_truncate) or old_log_probs: rollout.")
+
+
+def episode_settings(env_factory: Callable[[], Any] | None, **options: Any) -> EpisodeSettings | None:
+    """The :class:`~lit_llm.rollouts.settings.EpisodeSettings` of an environment (``None`` without one).
+
+    Args:
+        env_factory: the environment factory (``None``: single-turn GRPO).
+        **options: the episode options (``max_turns``, ``max_tool_calling_iterations``, ``max_episode_tokens``,
+            ``tool_timeout``, ``env_reward_weight``).
+
+    Raises:
+        ValueError: episode options without an environment (named, with the fix); an invalid option.
+    """
+    if env_factory is None:
+        given = [k for k, v in options.items() if v is not None and k != "env_reward_weight"]
+        given += ["env_reward_weight"] if options.get("env_reward_weight", 1.0) != 1.0 else []
+        if given:
+            raise ValueError(f"GRPOModule: {given} apply to multi-turn episodes only, but no environment is set. "
+                             f"Set --model.init_args.environment (e.g. calculator), or drop them.")
+        return None
+    return EpisodeSettings(env_factory=env_factory, **options)
+
+
+def build_rewards(reward_funcs: Sequence[RewardSpec] | None, reward_weights: list[float] | None,
+                  eval_reward_funcs: Sequence[RewardSpec] | None, *, with_environment: bool
+                  ) -> tuple[RewardFunctions | None, RewardFunctions | None]:
+    """``(rewards, eval_rewards)``: the training reward functions (``None``: the environment's reward alone) and the
+    evaluation ones (default: the training ones; ``None``: none).
+
+    ``reward_funcs`` ``None`` means :data:`DEFAULT_REWARDS` without an environment, none with one.
+
+    Raises:
+        RewardError: ``reward_weights`` of another length than ``reward_funcs``; a spec that does not resolve.
+        ValueError: ``reward_weights`` without ``reward_funcs`` with an environment; an evaluation function named as
+            an episode evaluation metric.
+    """
+    if reward_funcs is None:
+        reward_funcs = [] if with_environment else DEFAULT_REWARDS
+    null_weights = ("a config that sets reward_weights keeps them when reward_funcs is changed on the command "
+                    "line: pass --model.init_args.reward_weights null too (all weights 1), or one weight per "
+                    "function")
+    if reward_weights is not None and list(reward_funcs) and len(reward_weights) != len(reward_funcs):
+        raise RewardError(f"GRPOModule: reward_weights {list(reward_weights)} has {len(reward_weights)} entries "
+                          f"but reward_funcs {list(reward_funcs)} has {len(reward_funcs)}; {null_weights}.")
+    if not with_environment or list(reward_funcs):
+        rewards: RewardFunctions | None = RewardFunctions(list(reward_funcs), reward_weights)
+    else:  # the environment's reward alone
+        if reward_weights:
+            raise ValueError(f"GRPOModule: reward_weights {reward_weights} given without reward_funcs (the "
+                             f"environment's reward is weighted by env_reward_weight); {null_weights}.")
+        rewards = None
+    evals = list(eval_reward_funcs or reward_funcs)
+    eval_rewards = RewardFunctions(evals) if evals else None
+    eval_names = [] if eval_rewards is None else eval_rewards.names
+    clash = sorted(set(eval_names) & set(EPISODE_EVAL_METRICS)) if with_environment else []
+    if clash:
+        raise ValueError(f"GRPOModule: eval reward function(s) {clash} have the names of the episode evaluation "
+                         f"metrics eval/{clash[0]}; rename them.")
+    return rewards, eval_rewards
+
+
+def _load_objective(spec: str) -> Any:
+    """The object an ``objective`` import path names (see :func:`build_objective`)."""
+    target, name, is_file = split_import_path(str(spec).strip())
+    if not target or not name:
+        raise ValueError(f"GRPOModule: objective {spec!r} is not an import path; give 'my_loss:MyObjective' (a module "
+                         f"importable or in the current directory) or 'path/to/my_loss.py:MyObjective'.")
+    if is_file:
+        module = load_file(target, spec, what="objective", error=ValueError)
+    else:
+        module = import_module(target, spec, what="objective", entry=" (model.objective)", error=ValueError)
+    if not hasattr(module, name):
+        raise ValueError(f"GRPOModule: objective {spec!r}: module {target!r} has no {name!r}.")
+    return getattr(module, name)
+
+
+def build_objective(objective: str | None, *, loss_type: str | None, with_environment: bool,
+                    **knobs: Any) -> GRPOObjective:
+    """The GRPO objective of the module: :class:`~lit_llm.objectives.GRPOObjective` of a built-in ``loss_type``
+    (:mod:`lit_llm.objectives.loss_types`), or the user's objective class named by ``objective``.
+
+    A user's objective is an import path (``"my_loss:MyObjective"``, a module importable or in the current
+    directory, ``"my_loss.MyObjective"``, or ``"path/to/my_loss.py:MyObjective"``) of a
+    :class:`~lit_llm.objectives.GRPOObjective` subclass (a frozen dataclass: override :meth:`GRPOObjective.__call__`,
+    :meth:`~GRPOObjective.local_count` or its loss type's strategy); it is built with the same knobs (``epsilon``,
+    ``beta``, ...), and its own ``loss_type`` field (default ``"dapo"``) says which step count it uses.
+
+    Args:
+        objective: the import path, or ``None`` (the built-in ``loss_type``).
+        loss_type: the ``loss_type`` option (``None``: ``"dapo"``, or the objective class's own).
+        with_environment: episodes (``dr_grpo``'s constant is then ``max_episode_tokens``).
+        **knobs: :class:`GRPOObjective`'s other fields (``max_completion_length`` included).
+
+    Raises:
+        ValueError: ``objective`` together with a ``loss_type`` its class does not use (both named); an objective
+            that does not import or is not a :class:`GRPOObjective` subclass; invalid knobs; ``dr_grpo`` without a
+            completion length.
+    """
+    if loss_type == "dr_grpo" and with_environment and knobs.get("max_completion_length") is None:
+        raise ValueError("GRPOModule: loss_type='dr_grpo' divides by a constant completion length, which with an "
+                         "environment is max_episode_tokens (the budget of an episode's completion, sampled + "
+                         "environment ids); set max_episode_tokens, or choose another loss_type.")
+    cls: type[GRPOObjective] = GRPOObjective
+    if objective is not None:
+        cls = _load_objective(objective)
+        if not (isinstance(cls, type) and issubclass(cls, GRPOObjective)):
+            raise ValueError(f"GRPOModule: objective {objective!r} is {cls!r:.80}, not a subclass of "
+                             f"lit_llm.objectives.GRPOObjective; subclass it (a frozen dataclass) and override "
+                             f"__call__ / local_count.")
+        own = next(f.default for f in dataclasses.fields(cls) if f.name == "loss_type")
+        if loss_type is not None and loss_type != own:
+            raise ValueError(f"GRPOModule: objective {objective!r} uses loss_type {own!r} (its class's), but "
+                             f"loss_type: {loss_type!r} is set too; drop one: --model.init_args.loss_type null keeps "
+                             f"the objective's, or set the objective's loss_type field to {loss_type!r}.")
+        loss_type = own
+    loss_type = loss_type or "dapo"
+    epsilon_high = knobs.get("epsilon_high")
+    if loss_type == "cispo" and epsilon_high is not None and 0 < epsilon_high <= 1:
+        rank_zero_warn(f"GRPOModule: loss_type='cispo' with epsilon_high={epsilon_high}: CISPO's epsilon_high is "
+                       f"an absolute cap on the importance-sampling weight (TRL's semantics, ScaleRL's eps_max), "
+                       f"not a clip width, so every token's weight is capped at {epsilon_high} (below the "
+                       f"on-policy weight 1). Set epsilon_high above 1, e.g. 5.0 (TRL's recommended value for "
+                       f"cispo).")
+    return cls(loss_type=loss_type, **knobs)

@@ -1,0 +1,110 @@
+"""What a policy module checks and loads before training: the model and tokenizer of the model options
+(:func:`load_policy_model`), the weights' dtype against ``trainer.precision`` (:func:`check_weights_precision`) and
+the Trainer options that manual optimisation does not use (:func:`check_manual_optimization_options`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lit_llm.models import ModelConfig
+
+__all__ = ["check_manual_optimization_options", "check_weights_precision", "load_policy_model"]
+
+
+def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for the model options: ``"smollm2-135m-instruct"`` (embedded default), ``"tiny"`` (a
+    random tiny Llama over SmolLM2's tokenizer, for tests), a local HF folder or a Hub id, loaded with the options'
+    ``dtype`` and ``attn_implementation``; a ``chat_template`` override is resolved (text, ``.jinja`` path or template
+    name) and set on the tokenizer, so every render without an explicit template and every export use it. With
+    ``use_peft`` the model is a ``peft`` ``PeftModel`` (``get_peft_model`` with
+    :func:`~lit_llm.models.get_peft_config`): LoRA adapters on ``lora_target_modules``, every base weight frozen.
+
+    Args:
+        config: the :class:`~lit_llm.models.ModelConfig`, or a model name (all other options at their defaults).
+
+    Raises:
+        FileNotFoundError: unknown name / path, a Hub id not cached while ``HF_HUB_OFFLINE`` is set (see
+            :func:`lit_llm.models.load_model`).
+        ValueError: an invalid option (:class:`~lit_llm.models.ModelConfig`); a chat template that does not resolve
+            (:class:`~lit_llm.data.errors.ChatTemplateError`); ``lora_target_modules`` that match no layer of the
+            model (peft's message) or that put an adapter on the output head.
+    """
+    from lit_llm.data.chat_template import set_chat_template
+    from lit_llm.models import get_peft_config, load_model, load_tokenizer, tiny_model
+
+    config = config if isinstance(config, ModelConfig) else ModelConfig(str(config))
+    if config.model_name_or_path == "tiny":
+        tokenizer = load_tokenizer()
+        model = tiny_model(tokenizer, dtype=config.dtype, attn_implementation=config.attn_implementation)
+    else:
+        model, tokenizer = load_model(config.model_name_or_path, dtype=config.dtype,
+                                      attn_implementation=config.attn_implementation)
+    if config.chat_template is not None:
+        set_chat_template(tokenizer, config.chat_template)
+    if config.use_peft:
+        from peft import get_peft_model
+
+        from lit_llm.policy.logprobs import lm_head
+
+        model = get_peft_model(model, get_peft_config(config))
+        lm_head(model)  # a regex target that caught the output head is refused here (the kernel reads its weight)
+    return model, tokenizer
+
+
+def check_weights_precision(model: torch.nn.Module, precision: str, dtype_option: str) -> None:
+    """Refuse half precision weights unless ``trainer.precision`` is the matching ``*-true`` one: under a mixed
+    precision (``bf16-mixed``, ``16-mixed``: fp32 master weights with half precision compute) and under ``32-true`` /
+    ``64-true`` (the run says full precision) the optimizer would update half precision weights (and keep its AdamW
+    state in that dtype), losing updates below their resolution while the run reports another precision.
+
+    Args:
+        model: the trained model (the dtype of its floating parameters is checked, so ``"auto"`` is covered).
+        precision: ``trainer.precision`` as a string.
+        dtype_option: the ``model.dtype`` option, named in the message.
+
+    Raises:
+        ValueError: names ``model.dtype``, ``trainer.precision`` and both fixes (``model.dtype float32``, or the
+            explicit ``trainer.precision bf16-true`` / ``16-true``).
+    """
+    half = {p.dtype for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)}
+    if not half:
+        return
+    name = str(sorted(half, key=str)[0]).removeprefix("torch.")
+    true = "bf16-true" if name == "bfloat16" else "16-true"
+    if precision == true:
+        return
+    if precision.endswith("-mixed"):
+        what = "is mixed precision (fp32 master weights, half precision compute)"
+    else:
+        what = "is not half precision training"
+    raise ValueError(
+        f"model.dtype={dtype_option!r} loads the weights in {name}, but trainer.precision={precision!r} {what}: the "
+        f"optimizer would update {name} weights (and keep its state in {name}) while the run reports "
+        f"{precision}. Fix: set model.dtype float32 to keep {precision}, or keep model.dtype {dtype_option} with "
+        f"trainer.precision {true} given explicitly (weights and compute in {name})."
+    )
+
+
+def check_manual_optimization_options(trainer: Any) -> None:
+    """Refuse the Trainer options that manual optimisation does not use, naming the module's replacement. Lightning
+    refuses them too, but inside ``trainer.fit`` with advice that does not apply ("switch to automatic
+    optimization"); ``lit-llm fit`` calls this first (:meth:`lit_llm.lightning.cli.LitLLMCLI.before_fit`).
+
+    Args:
+        trainer: a ``Trainer`` (its ``accumulate_grad_batches`` and ``gradient_clip_val`` are read).
+
+    Raises:
+        ValueError: ``accumulate_grad_batches != 1`` (use ``data.batch_size`` / ``data.micro_batch_size``) or a
+            ``gradient_clip_val`` (use ``model.grad_clip``).
+    """
+    if trainer.accumulate_grad_batches != 1:
+        raise ValueError(f"--trainer.accumulate_grad_batches {trainer.accumulate_grad_batches} is not used: one "
+                         f"training batch is one optimizer step. Remove it and set --data.init_args.batch_size "
+                         f"(samples per optimizer step) and data.micro_batch_size (samples per forward pass; GRPO: "
+                         f"model.micro_batch_size) instead.")
+    if trainer.gradient_clip_val:
+        raise ValueError(f"--trainer.gradient_clip_val {trainer.gradient_clip_val} is not used with manual "
+                         f"optimisation: remove it and set --model.init_args.grad_clip {trainer.gradient_clip_val} "
+                         f"instead.")
