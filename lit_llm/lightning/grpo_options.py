@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only
 
 from lit_llm.imports import import_module, load_file, split_import_path
 from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS
@@ -182,11 +183,8 @@ def build_objective(objective: str | None, *, loss_type: str | None, with_enviro
                              f"the objective's, or set the objective's loss_type field to {loss_type!r}.")
         loss_type = own
     loss_type = loss_type or "dapo"
-    epsilon_high = knobs.get("epsilon_high")
-    if loss_type == "cispo" and epsilon_high is not None and 0 < epsilon_high <= 1:
-        rank_zero_warn(f"GRPOModule: loss_type='cispo' with epsilon_high={epsilon_high}: CISPO's epsilon_high is "
-                       f"an absolute cap on the importance-sampling weight (TRL's semantics, ScaleRL's eps_max), "
-                       f"not a clip width, so every token's weight is capped at {epsilon_high} (below the "
-                       f"on-policy weight 1). Set epsilon_high above 1, e.g. 5.0 (TRL's recommended value for "
-                       f"cispo).")
+    if rank_zero_only.rank != 0:  # the loss type's warnings (cispo's cap), once per run
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return cls(loss_type=loss_type, **knobs)
     return cls(loss_type=loss_type, **knobs)

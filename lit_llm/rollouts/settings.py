@@ -111,7 +111,10 @@ class RolloutSettings:
     max_sampling_rounds: int = 3
 
     def __post_init__(self) -> None:
-        check_count("num_generations", self.num_generations, 2)
+        try:  # the group size and the estimator's rules (e.g. reinforce_plus_plus with scale_rewards: group)
+            check_advantage_settings(self.num_generations, self.scale_rewards, self.advantage_estimator)
+        except ValueError as e:
+            raise RolloutError(str(e)) from e
         check_count("max_new_tokens", self.max_new_tokens, 1)
         check_count("sync_every", self.sync_every, 1)
         check_count("max_staleness", self.max_staleness, 0)
@@ -119,10 +122,6 @@ class RolloutSettings:
         check_count("rollout_workers", self.num_workers, 1, optional=True)
         if not self.temperature > 0:
             raise RolloutError(f"temperature must be > 0 (GRPO samples), got {self.temperature}.")
-        try:  # the estimator's own rules (e.g. reinforce_plus_plus with scale_rewards: group)
-            check_advantage_settings(self.num_generations, self.scale_rewards, self.advantage_estimator)
-        except ValueError as e:
-            raise RolloutError(str(e)) from e
         if self.rollout_mode not in ("sync", "async"):
             raise RolloutError(f"rollout_mode must be 'sync' or 'async', got {self.rollout_mode!r}.")
         if not isinstance(self.dynamic_sampling, bool):

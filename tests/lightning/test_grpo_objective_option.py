@@ -77,7 +77,7 @@ def test_objective_with_a_conflicting_loss_type_names_both(user_loss):
 
 @pytest.mark.parametrize(("spec", "match"), [
     ("my_grpo_loss:Missing", "module 'my_grpo_loss' has no 'Missing'"),
-    ("my_grpo_loss:CALLS", "is not a subclass of lit_llm.objectives.GRPOObjective"),
+    ("my_grpo_loss:CALLS", "not a subclass of lit_llm.objectives.GRPOObjective"),
     ("nowhere_module:Loss", "no module 'nowhere_module'"),
     ("justaname", "is not an import path"),
 ])
