@@ -294,9 +294,11 @@ def tokenize_example(example: Example, tokenizer: Any, *, chat_template: str | o
     kw = dict(chat_template_kwargs or {})
     try:
         full = History.from_chats(example.messages).apply_chat_template(
-            tokenizer, chat_template=chat_template, return_dict=True, return_assistant_tokens_mask=True, **kw)
+            tokenizer, chat_template=chat_template, add_generation_prompt=False, tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True, **kw)
         prompt_ids = History.from_chats(example.messages[: example.num_prompt_messages]).apply_chat_template(
-            tokenizer, chat_template=chat_template, add_generation_prompt=True, return_dict=False, **kw).long()
+            tokenizer, chat_template=chat_template, add_generation_prompt=True, tokenize=True, return_dict=False,
+            **kw).long()
         ids, assistant = full["input_ids"].long(), full["assistant_masks"].bool()
         check_prefix(prompt_ids, ids, template_name=template_display_name(chat_template))
     except (ValueError, TypeError, KeyError) as e:
