@@ -24,22 +24,23 @@ The optional system prompt is prepended, as a system message, to every prompt th
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from lit_llm.data.containers import template_display_name
 from lit_llm.data.errors import check_prefix
+from lit_llm.data.rows import DataFormatError, Skipped, note_skip, read_jsonl, to_messages
+from lit_llm.data.sources import read_rows
 
 __all__ = [
     "DataFormatError",
     "Example",
     "RowFormat",
+    "Skipped",
     "TokenizedExample",
     "arithmetic_examples",
     "collate",
@@ -48,6 +49,7 @@ __all__ = [
     "read_examples",
     "read_jsonl",
     "row_to_example",
+    "to_messages",
     "tokenize_example",
     "with_system_prompt",
 ]
@@ -56,10 +58,6 @@ RowFormat = Literal["auto", "chat", "prompt_completion", "gsm8k", "text"]
 _Format = Literal["chat", "prompt_completion", "gsm8k", "text"]
 _KEYS = {"chat": ("messages",), "prompt_completion": ("prompt", "completion"), "gsm8k": ("question", "answer"),
          "text": ("text",)}
-
-
-class DataFormatError(ValueError):
-    """A data file or one of its rows is unusable; the message names the file, the line, the key and the fix."""
 
 
 @dataclass
@@ -112,66 +110,7 @@ class TokenizedExample:
         return int(self.input_ids.numel())
 
 
-@dataclass
-class _Skipped:
-    """Rows skipped by ``on_bad_row="skip"``: ``count`` and the first few ``(sample_id, reason)``."""
-
-    count: int = 0
-    first: list[tuple[str, str]] = field(default_factory=list)
-
-
 # ---------------------------------------------------------------------------------------------------------- reading
-def read_jsonl(path: str | os.PathLike, *, on_bad_row: Literal["raise", "skip"] = "raise",
-               skipped: _Skipped | None = None, option: str = "--data.path") -> list[tuple[int, dict[str, Any]]]:
-    """Read a JSONL file into ``[(line_number, row), ...]`` (1-based line numbers; blank lines ignored).
-
-    Args:
-        path: the ``.jsonl`` file.
-        on_bad_row: ``"raise"`` stops at the first line that is not a JSON object; ``"skip"`` counts it in
-            ``skipped`` and goes on.
-        skipped: collects skipped lines when ``on_bad_row="skip"``.
-        option: the CLI option that holds ``path`` (``--data.path``, ``--data.val_path``, ...), named in errors.
-
-    Returns:
-        The rows, each a ``dict``.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist (the message says how to point ``option`` at a file).
-        DataFormatError: a line is not a JSON object (``on_bad_row="raise"``), or the file holds no row.
-    """
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(f"Data file {str(p)!r} not found. Point {option} at a JSONL file with one JSON "
-                                f"object per line (e.g. /path/to/gsm8k/train.jsonl).")
-    rows: list[tuple[int, dict[str, Any]]] = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-            except ValueError as e:  # json.JSONDecodeError is a ValueError
-                msg = f"{p}:{lineno}: not a JSON object ({e}). Fix: write one JSON object per line."
-                if on_bad_row == "raise":
-                    raise DataFormatError(msg + " Or set --data.on_bad_row skip to skip bad rows.") from None
-                _note_skip(skipped, f"{p}:{lineno}", msg)
-                continue
-            rows.append((lineno, row))
-    if not rows:
-        raise DataFormatError(f"{p}: the file holds no JSON row (empty dataset). Fix: point --data.path at a "
-                              f"non-empty JSONL file.")
-    return rows
-
-
-def _note_skip(skipped: _Skipped | None, sample_id: str, reason: str) -> None:
-    if skipped is not None:
-        skipped.count += 1
-        if len(skipped.first) < 5:
-            skipped.first.append((sample_id, reason))
-
-
 def detect_format(row: dict[str, Any], *, where: str = "<row>") -> _Format:
     """The first row format whose keys ``row`` has (``messages`` / ``prompt`` + ``completion`` / ``question`` +
     ``answer`` / ``text``).
@@ -186,19 +125,6 @@ def detect_format(row: dict[str, Any], *, where: str = "<row>") -> _Format:
         f"{where}: cannot tell the row format from its keys {sorted(row)}. Expected 'messages' (chat), 'prompt' + "
         f"'completion', 'question' + 'answer' (GSM8K) or 'text'; rename the columns or set --data.format."
     )
-
-
-def _messages(value: Any, default_role: str, key: str, where: str) -> list[dict[str, Any]]:
-    if isinstance(value, str):
-        return [{"role": default_role, "content": value}]
-    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
-        for i, m in enumerate(value):
-            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise DataFormatError(f"{where}: {key}[{i}] must be {{'role': str, 'content': str}}, got keys "
-                                      f"{sorted(m)}. Fix the row.")
-        return [dict(m) for m in value]
-    raise DataFormatError(f"{where}: {key!r} must be a string or a non-empty list of {{'role', 'content'}} messages, "
-                          f"got {type(value).__name__}. Fix the row.")
 
 
 def with_system_prompt(messages: list[dict[str, Any]], system_prompt: str | None) -> list[dict[str, Any]]:
@@ -235,7 +161,7 @@ def row_to_example(row: dict[str, Any], fmt: _Format, *, sample_id: str,
     if fmt == "chat":
         if isinstance(row["messages"], str):
             raise DataFormatError(f"{sample_id}: 'messages' must be a list of messages, got a string. Fix the row.")
-        messages = _messages(row["messages"], "user", "messages", sample_id)
+        messages = to_messages(row["messages"], "user", "messages", sample_id)
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
         if last is None:
             raise DataFormatError(f"{sample_id}: the conversation has no assistant message, so nothing to train on. "
@@ -250,8 +176,8 @@ def row_to_example(row: dict[str, Any], fmt: _Format, *, sample_id: str,
         prompt = with_system_prompt([{"role": "user", "content": row["question"]}], system_prompt)
         return Example(prompt + [{"role": "assistant", "content": row["answer"]}], len(prompt), sample_id,
                        row["answer"])
-    prompt = with_system_prompt(_messages(row["prompt"], "user", "prompt", sample_id), system_prompt)
-    completion = _messages(row["completion"], "assistant", "completion", sample_id)
+    prompt = with_system_prompt(to_messages(row["prompt"], "user", "prompt", sample_id), system_prompt)
+    completion = to_messages(row["completion"], "assistant", "completion", sample_id)
     if not any(m["role"] == "assistant" for m in completion):
         raise DataFormatError(f"{sample_id}: 'completion' has no assistant message, so nothing to train on. Fix the "
                               f"row or drop it (--data.on_bad_row skip).")
@@ -261,7 +187,7 @@ def row_to_example(row: dict[str, Any], fmt: _Format, *, sample_id: str,
 
 def examples_from_rows(rows: Iterable[tuple[str, dict[str, Any]]], *, fmt: RowFormat = "auto",
                        system_prompt: str | None = None, on_bad_row: Literal["raise", "skip"] = "raise",
-                       skipped: _Skipped | None = None) -> list[Example]:
+                       skipped: Skipped | None = None) -> list[Example]:
     """Convert ``[(sample_id, row), ...]`` to examples; ``fmt="auto"`` detects the format from the first row.
 
     Raises:
@@ -276,13 +202,13 @@ def examples_from_rows(rows: Iterable[tuple[str, dict[str, Any]]], *, fmt: RowFo
         except DataFormatError as e:
             if on_bad_row == "raise":
                 raise
-            _note_skip(skipped, sample_id, str(e))
+            note_skip(skipped, sample_id, str(e))
     return out
 
 
 def read_examples(path: str | os.PathLike, *, fmt: RowFormat = "auto", system_prompt: str | None = None,
                   on_bad_row: Literal["raise", "skip"] = "raise", limit: int | None = None,
-                  skipped: _Skipped | None = None, option: str = "--data.path", split: str = "train") -> list[Example]:
+                  skipped: Skipped | None = None, option: str = "--data.path", split: str = "train") -> list[Example]:
     """Read a file or Hub dataset into :class:`Example`s (sample ids ``"file:line"`` for JSONL, ``"file:row N"``
     for Parquet / CSV / JSON, ``"name:split:row N"`` for the Hub; see :func:`lit_llm.data.sources.read_rows`).
 
@@ -300,8 +226,6 @@ def read_examples(path: str | os.PathLike, *, fmt: RowFormat = "auto", system_pr
         FileNotFoundError, DataFormatError: see :func:`lit_llm.data.sources.read_rows` and :func:`row_to_example`;
             also when every row was skipped.
     """
-    from lit_llm.data.sources import read_rows
-
     rows = read_rows(path, split=split, option=option, on_bad_row=on_bad_row, skipped=skipped, limit=limit)
     examples = examples_from_rows(rows, fmt=fmt, system_prompt=system_prompt, on_bad_row=on_bad_row,
                                   skipped=skipped)
@@ -370,9 +294,11 @@ def tokenize_example(example: Example, tokenizer: Any, *, chat_template: str | o
     kw = dict(chat_template_kwargs or {})
     try:
         full = History.from_chats(example.messages).apply_chat_template(
-            tokenizer, chat_template=chat_template, return_dict=True, return_assistant_tokens_mask=True, **kw)
+            tokenizer, chat_template=chat_template, add_generation_prompt=False, tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True, **kw)
         prompt_ids = History.from_chats(example.messages[: example.num_prompt_messages]).apply_chat_template(
-            tokenizer, chat_template=chat_template, add_generation_prompt=True, return_dict=False, **kw).long()
+            tokenizer, chat_template=chat_template, add_generation_prompt=True, tokenize=True, return_dict=False,
+            **kw).long()
         ids, assistant = full["input_ids"].long(), full["assistant_masks"].bool()
         check_prefix(prompt_ids, ids, template_name=template_display_name(chat_template))
     except (ValueError, TypeError, KeyError) as e:
@@ -432,3 +358,8 @@ def collate(samples: Sequence[TokenizedExample], *, pad_token_id: int) -> dict[s
         assistant[i, :n], response[i, :n] = s.assistant_mask, s.response_mask
     return {"input_ids": ids, "attention_mask": attn, "assistant_mask": assistant, "response_mask": response,
             "sample_ids": [s.sample_id for s in samples]}
+
+
+_messages = to_messages  # the older private name
+_note_skip = note_skip
+_Skipped = Skipped  # the name the data modules import

@@ -9,7 +9,11 @@ __all__ = [
     "InvalidConversationError",
     "NoAssistantTokensError",
     "PrefixMismatchError",
+    "ChatParseError",
+    "HistoryShapeError",
     "SpecialTokenInContentError",
+    "TokenizerRequiredError",
+    "UnknownChatTemplateError",
     "check_prefix",
 ]
 
@@ -28,6 +32,26 @@ class NoAssistantTokensError(ChatTemplateError):
 
 class SpecialTokenInContentError(ValueError):
     """A special-token string (e.g. ``<|im_end|>``) appears inside message content (DESIGN.md property 8)."""
+
+
+class UnknownChatTemplateError(ChatTemplateError, KeyError, NotImplementedError):
+    """A chat template name that is not registered. Also a ``KeyError`` and a ``NotImplementedError``: what TorchRL
+    raises for an unknown name in ``apply_chat_template`` and ``from_text``."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class TokenizerRequiredError(ChatTemplateError, RuntimeError):
+    """A render without a tokenizer (its special tokens reach the template); a ``RuntimeError`` as in TorchRL."""
+
+
+class HistoryShapeError(ValueError, RuntimeError):
+    """``History.append`` / ``extend`` with the wrong number of dimensions; a ``RuntimeError`` as in TorchRL."""
+
+
+class ChatParseError(InvalidConversationError, RuntimeError):
+    """Text that does not parse as a conversation of the given template family; a ``RuntimeError`` as in TorchRL."""
 
 
 class PrefixMismatchError(ChatTemplateError):

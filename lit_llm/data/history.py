@@ -16,10 +16,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorClass, lazy_stack
+from tensordict import TensorClass, TensorDict, TensorDictBase, lazy_stack
 
-from lit_llm.data.chat_template import STOP_STRINGS, _assistant_spans, _pad, _Renderer, _resolve_template, _tokenize
-from lit_llm.data.errors import InvalidConversationError, NoAssistantTokensError
+from lit_llm.data.assistant_spans import STOP_STRINGS, _assistant_spans
+from lit_llm.data.chat_template import Renderer, _pad, _tokenize, resolve_template
+from lit_llm.data.errors import ChatParseError, HistoryShapeError, InvalidConversationError, NoAssistantTokensError
 from lit_llm.data.validation import (
     PAD_ROLE,
     ROLES,
@@ -160,26 +161,39 @@ class History(TensorClass["nocast"]):
                    name=m.get("name"), tool_call_id=m.get("tool_call_id"))
 
     @classmethod
-    def from_text(cls, texts: str | Sequence[str], chat_template_name: str) -> History:
-        """Parse rendered conversations back into messages (delegates to ``lit_llm.data.chat_parsing``).
+    def from_text(cls, text: str | Sequence[str], chat_template_name: str | None = None,
+                  chat_template: str | None = None, tokenizer: Any = None) -> History:
+        """Parse rendered conversations back into messages (TorchRL's signature; parsers in
+        ``lit_llm.data.chat_parsing``).
+
+        The format is, in this order: ``chat_template_name``; the turn markers of ``chat_template``; the tokenizer
+        (its own template's markers, then its ``name_or_path``, as TorchRL detects it); ChatML. A final turn
+        without its end-of-turn token (a truncated generation) comes back with ``is_complete=False``. Content is
+        kept exactly (TorchRL strips it).
 
         Args:
-            texts: one rendered conversation, or a list of them.
-            chat_template_name: the template family, as accepted by
-                ``lit_llm.data.chat_parsing.parse_chat_text`` (e.g. ``"chatml"``).
+            text: one rendered conversation, or a list of them.
+            chat_template_name: a registered template name (``"chatml_format"``, ``"qwen"``, ``"llama"``, ...) or a
+                parser family of ``lit_llm.data.chat_parsing.parse_chat_text``.
+            chat_template: the Jinja text (or registered name) the text was rendered with.
+            tokenizer: the tokenizer the text was rendered with.
 
         Returns:
             History ``[n_messages]`` for one text, ``[B, max_n_messages]`` (``"<none>"``-padded) for a list.
 
         Raises:
-            whatever ``parse_chat_text`` raises for text it cannot parse; InvalidConversationError when it yields
-            no message.
+            UnknownChatTemplateError: an unknown ``chat_template_name`` (also a ``NotImplementedError``, as in
+                TorchRL).
+            ChatParseError: text that is not a conversation of the format (also a ``RuntimeError``); it yields no
+                message.
         """
-        from lit_llm.data.chat_parsing import parse_chat_text
+        from lit_llm.data.chat_parsing import resolve_parser
 
-        if isinstance(texts, str):
-            return cls.from_chats(_nonempty(parse_chat_text(texts, chat_template_name), 0))
-        return cls.from_chats([_nonempty(parse_chat_text(t, chat_template_name), i) for i, t in enumerate(texts)])
+        _, parse = resolve_parser(chat_template_name, chat_template, tokenizer)
+        if isinstance(text, str):
+            return _as_history(cls, parse(text), 0)
+        rows = [_as_history(cls, parse(t), i) for i, t in enumerate(text)]
+        return cls.from_chats([r.to_chats() for r in rows])
 
     def to_chats(self) -> list[dict] | list[list[dict]]:
         """The messages as dicts, padding (``"<none>"``) dropped.
@@ -197,6 +211,21 @@ class History(TensorClass["nocast"]):
             return [_clean_conversation(row) for row in data]
         return _clean_conversation(data)
 
+    @classmethod
+    def default_spec(cls, shape: Sequence[int] = (-1,)) -> Any:
+        """A spec of History data for environments and transforms (TorchRL's ``History.default_spec``).
+
+        Args:
+            shape: the History's shape; ``-1`` (the default's last dimension) is a variable number of messages.
+
+        Returns:
+            TorchRL's ``Composite`` of ``NonTensor`` specs when TorchRL is installed, else a
+            :class:`lit_llm.data.history_spec.HistorySpec` with the same fields, ``shape`` and ``zero()``.
+        """
+        from lit_llm.data.history_spec import history_default_spec
+
+        return history_default_spec(cls, tuple(shape))
+
     # ------------------------------------------------------------------ growth
     def append(self, other: History, *, inplace: bool = True, dim: int = -1) -> History:
         """Append ``other`` (one dimension less than ``self``) along ``dim``.
@@ -210,12 +239,13 @@ class History(TensorClass["nocast"]):
             dim: the dimension to grow.
 
         Raises:
-            ValueError: ``self`` has no batch dimension, or the dimensions do not match.
+            HistoryShapeError: ``self`` has no batch dimension, or the dimensions do not match (a ``ValueError`` and,
+                as in TorchRL, a ``RuntimeError``).
         """
         if self.ndim == 0:
-            raise ValueError("History.append: self has no batch dimension; call history.unsqueeze(0) first.")
+            raise HistoryShapeError("History.append: self has no batch dimension; call history.unsqueeze(0) first.")
         if other.ndim != self.ndim - 1:
-            raise ValueError(
+            raise HistoryShapeError(
                 f"History.append: other must have one dimension less than self (self {list(self.shape)}, other "
                 f"{list(other.shape)}); use extend() to add several messages."
             )
@@ -231,12 +261,13 @@ class History(TensorClass["nocast"]):
             dim: the dimension to grow (``-1``: messages; ``0`` on a ``[B, n]`` History: conversations).
 
         Raises:
-            ValueError: ``self`` has no batch dimension, or the dimensions do not match.
+            HistoryShapeError: ``self`` has no batch dimension, or the dimensions do not match (a ``ValueError`` and,
+                as in TorchRL, a ``RuntimeError``).
         """
         if self.ndim == 0:
-            raise ValueError("History.extend: self has no batch dimension; call history.unsqueeze(0) first.")
+            raise HistoryShapeError("History.extend: self has no batch dimension; call history.unsqueeze(0) first.")
         if other.ndim != self.ndim:
-            raise ValueError(
+            raise HistoryShapeError(
                 f"History.extend: other must have as many dimensions as self (self {list(self.shape)}, other "
                 f"{list(other.shape)}); use append() to add one message."
             )
@@ -252,18 +283,22 @@ class History(TensorClass["nocast"]):
     # ------------------------------------------------------------------ rendering
     def apply_chat_template(
         self,
-        tokenizer: Any,
+        tokenizer: Any = None,
         *,
         chat_template: str | os.PathLike | None = None,
+        chat_template_name: str | None = None,
         add_generation_prompt: bool = False,
         tokenize: bool = True,
         return_dict: bool = True,
         return_assistant_tokens_mask: bool = False,
         padding: bool = False,
         padding_side: str | None = None,
+        truncation: bool = False,
+        max_length: int | None = None,
+        return_tensors: str | None = None,
         allow_special_tokens: bool = False,
         **template_kwargs: Any,
-    ) -> str | list[str] | torch.Tensor | list[torch.Tensor] | dict[str, Any]:
+    ) -> str | list[str] | torch.Tensor | list[torch.Tensor] | dict[str, Any] | TensorDictBase:
         """Render (and tokenise) the conversations with a chat template, optionally with exact assistant masks.
 
         Rendering is transformers' (``render_jinja_template``: same sandbox, same variables: the tokenizer's
@@ -272,16 +307,28 @@ class History(TensorClass["nocast"]):
         ``apply_chat_template`` (templates render BOS themselves), so ``input_ids`` equal
         ``tokenizer.apply_chat_template(messages, chat_template=...)``.
 
+        TorchRL's arguments are accepted (``tokenizer`` positional or keyword, ``chat_template_name``, ``padding``,
+        ``truncation``, ``return_tensors="pt"``, ``continue_final_message`` through ``template_kwargs``), with
+        lit_llm's defaults (``add_generation_prompt=False``, ``tokenize=True``, ``return_dict=True``; TorchRL's are
+        ``True`` / ``None`` / ``None``): pass them explicitly to get the same result under both.
+
         Args:
             tokenizer: a Hugging Face tokenizer (a fast one when masks are requested: offsets are needed).
-            chat_template: a Jinja string, the path of a ``.jinja`` file, the name of one of the tokenizer's
-                templates, or ``None`` for the tokenizer's own template.
+            chat_template: a Jinja string, the path of a ``.jinja`` file, a registered template name
+                (``lit_llm.data.template_registry``), the name of one of the tokenizer's templates, or ``None``:
+                the tokenizer's own template; for a tokenizer without one, the registered template its
+                ``name_or_path`` names (TorchRL's detection), else ChatML.
+            chat_template_name: a registered template name (``"chatml_format"``, ``"qwen"``, ``"llama"``, ...);
+                exclusive with ``chat_template``.
             add_generation_prompt: append the assistant header so a model can answer the last message.
             tokenize: ``False`` returns the rendered text.
             return_dict: ``False`` returns the ids only.
             return_assistant_tokens_mask: add ``assistant_masks`` (needs ``tokenize`` and ``return_dict``).
             padding: pad a batch to ``[B, T]`` with ``tokenizer.pad_token_id`` (masks are 0/False at padding).
             padding_side: ``"left"`` or ``"right"``; default ``tokenizer.padding_side``.
+            truncation: keep the first ``max_length`` tokens of each conversation (ids and masks).
+            max_length: see ``truncation``; default ``tokenizer.model_max_length``.
+            return_tensors: ``None`` or ``"pt"`` (torch tensors either way).
             allow_special_tokens: explicit opt-in to let special-token strings typed inside message content
                 (e.g. a literal ``"<|im_end|>"``) be tokenised as the control tokens they spell. Default ``False``
                 raises instead (DESIGN.md property 8).
@@ -290,9 +337,10 @@ class History(TensorClass["nocast"]):
         Returns:
             For a History ``[n]`` (one conversation; ``padding`` has no effect): ``str`` (``tokenize=False``), a
             1-D long tensor ``[T]`` (``return_dict=False``) or a dict of 1-D tensors. For ``[B, n]``: a list of
-            ``str``, a list of 1-D tensors, or a dict of lists of 1-D tensors; with ``padding=True`` ``[B, T]``
-            tensors instead. The dict has ``input_ids`` (long), ``attention_mask`` (long 0/1) and, when asked,
-            ``assistant_masks`` (bool, ``True`` on assistant-turn tokens, ``False`` on padding).
+            ``str``, a list of 1-D tensors, or (TorchRL's shape) a lazy stack of ``B`` per-row TensorDicts of
+            batch size ``[T_b]`` (read a ragged key with ``td.get(key, as_list=True)``); with ``padding=True`` a
+            dict of ``[B, T]`` tensors instead. The dict has ``input_ids`` (long), ``attention_mask`` (long 0/1) and,
+            when asked, ``assistant_masks`` (bool, ``True`` on assistant-turn tokens, ``False`` on padding).
 
         Note:
             Property 8 checks message ``content`` only: strings inside ``tool_calls``, ``tools``, ``documents`` or
@@ -305,6 +353,8 @@ class History(TensorClass["nocast"]):
             ChatTemplateError: the template raised (its message is kept, e.g. roles that must alternate), or the
                 assistant turns cannot be located in the render, or a slow tokenizer is given with masks.
             NoAssistantTokensError: masks requested for a conversation without any assistant token.
+            UnknownChatTemplateError: an unknown template name (also a ``KeyError``, as in TorchRL).
+            TokenizerRequiredError: ``tokenizer`` is ``None`` (also a ``RuntimeError``, as in TorchRL).
             ValueError: masks requested with ``tokenize=False`` or ``return_dict=False``; a History of more than
                 2 dimensions.
         """
@@ -317,9 +367,13 @@ class History(TensorClass["nocast"]):
             raise ValueError(
                 f"History.apply_chat_template: expected a History of shape [n] or [B, n], got {list(self.shape)}."
             )
-        template, name = _resolve_template(tokenizer, chat_template, template_kwargs.get("tools"))
+        if return_tensors not in (None, "pt"):
+            raise ValueError(f"History.apply_chat_template: return_tensors={return_tensors!r} is not supported; "
+                             f"lit_llm returns torch tensors (return_tensors='pt' or None).")
+        template, name = resolve_template(tokenizer, chat_template, template_kwargs.get("tools"),
+                                          chat_template_name=chat_template_name)
         rows = self.to_chats() if self.ndim == 2 else [self.to_chats()]
-        renderer = _Renderer(tokenizer, template, name, template_kwargs)
+        renderer = Renderer(tokenizer, template, name, template_kwargs)
         texts, spans = [], []
         for b, msgs in enumerate(rows):
             where = f"conversation {b}" if self.ndim == 2 else "the conversation"
@@ -336,6 +390,9 @@ class History(TensorClass["nocast"]):
             return texts if self.ndim == 2 else texts[0]
         outs = [_tokenize(tokenizer, t, sp if return_assistant_tokens_mask else None, name)
                 for t, sp in zip(texts, spans or [None] * len(texts))]
+        if truncation:
+            limit = max_length if max_length is not None else getattr(tokenizer, "model_max_length", None)
+            outs = [{k: v[:limit] for k, v in o.items()} for o in outs] if limit is not None else outs
         if return_assistant_tokens_mask:
             for b, o in enumerate(outs):
                 if not bool(o["assistant_masks"].any()):
@@ -349,8 +406,10 @@ class History(TensorClass["nocast"]):
             result = outs[0]
         elif padding:
             result = _pad(outs, tokenizer, padding_side)
-        else:
-            result = {key: [o[key] for o in outs] for key in outs[0]}
+        elif not return_dict:
+            return [o["input_ids"] for o in outs]
+        else:  # TorchRL's shape: a lazy stack of per-row TensorDicts
+            return lazy_stack([TensorDict(o, batch_size=[len(o["input_ids"])]) for o in outs])
         return result if return_dict else result["input_ids"]
 
 
@@ -380,7 +439,10 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _nonempty(messages: list[dict], index: int) -> list[dict]:
-    if not messages:
-        raise InvalidConversationError(f"History.from_text: text {index} parsed into no message.")
-    return messages
+def _as_history(cls: type, parsed: Any, index: int) -> History:
+    """A parser's result (a message list, or a History from a custom ``inverse_parser``) as a History ``[n]``."""
+    if not isinstance(parsed, (list, tuple)):
+        return parsed
+    if not parsed:
+        raise ChatParseError(f"History.from_text: text {index} parsed into no message.")
+    return cls.from_chats([dict(m) for m in parsed])

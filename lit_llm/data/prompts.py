@@ -41,7 +41,7 @@ def tokenize_prompts(prompts: Sequence[str | Sequence[Mapping[str, Any]]], token
             ids = torch.as_tensor(tokenizer(p, add_special_tokens=False)["input_ids"], dtype=torch.long)
         elif isinstance(p, Sequence) and p and all(isinstance(m, Mapping) for m in p):
             ids = History.from_chats([dict(m) for m in p]).apply_chat_template(
-                tokenizer, chat_template=chat_template, add_generation_prompt=True, return_dict=False,
+                tokenizer, chat_template=chat_template, add_generation_prompt=True, tokenize=True, return_dict=False,
                 **dict(chat_template_kwargs or {})).long()
         else:
             raise ValueError(f"prompt {i}: expected a string or a non-empty list of {{'role', 'content'}} messages, "

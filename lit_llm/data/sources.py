@@ -2,7 +2,7 @@
 dataset name when online.
 
 Every row comes back as ``(sample_id, row)``: ``"file:line"`` (1-based line) for JSONL, read by
-:func:`lit_llm.data.datasets.read_jsonl` so a bad line is named; ``"file:row N"`` (1-based row) for Parquet, CSV and
+:func:`lit_llm.data.rows.read_jsonl` so a bad line is named; ``"file:row N"`` (1-based row) for Parquet, CSV and
 JSON files and ``"name:split:row N"`` for Hub datasets, read through the ``datasets`` library
 (``datasets.load_dataset``). Columns Arrow fills with ``None`` inside message dicts (a message list where only some
 messages carry ``tool_calls``, say) are dropped, so a row reads back as it was written.
@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from lit_llm.data.datasets import DataFormatError, read_jsonl
+from lit_llm.data.rows import DataFormatError, read_jsonl
 
 __all__ = ["FILE_SUFFIXES", "HubOfflineError", "hub_offline", "read_rows"]
 
@@ -89,7 +89,7 @@ def read_rows(source: str | os.PathLike, *, split: str = "train", option: str = 
         option: the CLI option holding ``source`` (``--data.path``, ``--data.eval_path``), named in errors.
         on_bad_row: JSONL only: ``"raise"`` stops at a line that is not a JSON object, ``"skip"`` counts it in
             ``skipped`` (Parquet / CSV / JSON files are read whole by ``datasets``: a broken file is one error).
-        skipped: collects skipped JSONL lines (a ``lit_llm.data.datasets._Skipped``).
+        skipped: collects skipped JSONL lines (a :class:`lit_llm.data.rows.Skipped`).
         limit: keep the first ``limit`` rows (``None`` = all).
 
     Returns:

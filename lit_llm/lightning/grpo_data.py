@@ -38,7 +38,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lit_llm.data.arithmetic import DEFAULT_TEMPLATE, arithmetic_prompts, arithmetic_split
-from lit_llm.data.datasets import DataFormatError, _messages, with_system_prompt
+from lit_llm.data.datasets import DataFormatError, with_system_prompt
+from lit_llm.data.datasets import to_messages as _messages
 from lit_llm.data.prompts import tokenize_prompts
 from lit_llm.data.sources import read_rows
 from lit_llm.lightning.datamodules import module_attr, template_options

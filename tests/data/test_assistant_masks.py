@@ -323,10 +323,12 @@ def test_ragged_batch_padded_masks(tokenizer, side):
     assert out["assistant_masks"][1, padpos].tolist() == [False] * pad
     assert out["assistant_masks"][1, keep].tolist() == single[1]["assistant_masks"].tolist()
     assert out["attention_mask"].dtype == torch.long and out["assistant_masks"].dtype == torch.bool
-    # List output without padding: one 1-D tensor per conversation.
+    # Without padding (TorchRL's shape): a lazy stack of per-row TensorDicts, one [T_b] row per conversation.
     lst = batch.apply_chat_template(tokenizer, return_assistant_tokens_mask=True)
-    assert [m.tolist() for m in lst["assistant_masks"]] == [s["assistant_masks"].tolist() for s in single]
-    assert [m.tolist() for m in lst["input_ids"]] == [s["input_ids"].tolist() for s in single]
+    assert lst.batch_size[0] == 2 and [row.batch_size[0] for row in lst.unbind(0)] == [n0, n1]
+    masks, ids = lst.get("assistant_masks", as_list=True), lst.get("input_ids", as_list=True)
+    assert [m.tolist() for m in masks] == [s["assistant_masks"].tolist() for s in single]
+    assert [m.tolist() for m in ids] == [s["input_ids"].tolist() for s in single]
 
 
 # ---------------------------------------------------------------- property test (SmolLM2 template)

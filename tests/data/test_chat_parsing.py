@@ -86,8 +86,9 @@ def test_unknown_name_lists_known_names():
         parse_chat_text("USER: hi", "vicuna")
     for name in ("chatml", "smollm2", "qwen", "llama3", "mistral", "llama2", "gemma", "phi3", "zephyr"):
         assert name in str(info.value)
-    assert set(CHAT_TEMPLATE_NAMES) == {"chatml", "smollm2", "qwen", "llama3", "mistral", "llama2", "gemma", "phi3",
-                                        "zephyr"}
+    assert set(CHAT_TEMPLATE_NAMES) == {"chatml", "chatml_format", "smollm2", "qwen", "qwen2.5-instruct", "qwen3",
+                                        "llama", "llama3", "mistral", "llama2", "gemma", "phi3", "zephyr",
+                                        "dialogpt", "falcon", "deepseek"}
 
 
 @pytest.mark.parametrize(
@@ -95,7 +96,7 @@ def test_unknown_name_lists_known_names():
     [
         ("chatml", "hello", r"expected a turn header at character position 0, found 'hello'"),
         ("chatml", "<|im_start|>user\nq<|im_start|>assistant\na<|im_end|>",
-         r"expected the end of the 'user' turn \(<\|im_end\|>\) at character position 18"),
+         r"expected the end of the 'user' turn \(<\|im_end\|> or <\|endoftext\|>\) at character position 18"),
         ("llama3", "<|im_start|>user\nq<|im_end|>", r"parse_chat_text\('llama3'\): expected a turn header"),
         ("mistral", "just text", r"expected '\[INST\] ' at character position 0, found 'just text'"),
         ("mistral", "Sys\n[INST] a [/INST]", r"expected '\[INST\] ' or a system prompt ending in"),

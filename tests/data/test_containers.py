@@ -268,8 +268,8 @@ def test_torchrl_signatures_text_and_tokens(tokenizer):
     assert skipped.response == "4\n" and skipped.prompt == "system\nBe brief.\nuser\n2+2?\nassistant\n"
     with pytest.raises(ValueError, match="return_tensors='np' is not supported"):
         text.to_tokens(tokenizer, return_tensors="np")
-    with pytest.raises(ValueError, match="chat_template_name is None and the tokenizer's chat template"):
-        text.to_history(object())
+    # No name and nothing to detect from: ChatML, TorchRL's default parser.
+    assert _chat(text.to_history(object()).prompt) == [("system", "Be brief."), ("user", "2+2?")]
 
 
 def test_text_to_tokens_padding_and_truncation(tokenizer):
@@ -291,14 +291,15 @@ def test_text_to_tokens_padding_and_truncation(tokenizer):
 
 def test_chat_template_name_honoured_and_aliased(tokenizer, templates_dir):
     ch = ChatHistory(prompt=history(CONV[:2]), response=history(CONV[2:]))
-    chatml = (templates_dir / "chatml.jinja").read_text()
+    reference = templates_dir.parent / "reference_templates" / "chatml-transformers-default.jinja"
+    chatml = reference.read_text()  # ChatML as transformers' default writes it (no BOS, no trim)
     expected = ch.to_tokens(tokenizer, chatml)
     default = ch.to_tokens(tokenizer)
     for name in ("chatml", "chatml_format", "ChatML_Format"):
         got = ch.to_tokens(tokenizer, chat_template_name=name)
         assert got.full.tolist() == expected.full.tolist() and got.prompt.tolist() == expected.prompt.tolist()
     assert ch.to_text(tokenizer, chat_template_name="chatml_format").full == ch.to_text(tokenizer, chatml).full
-    qwen = ch.to_text(tokenizer, chat_template_name="qwen")
+    qwen = ch.to_text(tokenizer, chat_template_name="qwen2.5-instruct")
     assert qwen.full == ch.to_text(tokenizer, str(templates_dir / "stock-qwen2_5.jinja")).full
     assert qwen.full.startswith("<|im_start|>system\nBe brief.<|im_end|>")
     llama = ch.to_text(tokenizer, chat_template_name="llama3").full
@@ -308,14 +309,13 @@ def test_chat_template_name_honoured_and_aliased(tokenizer, templates_dir):
         ch.to_tokens(tokenizer, chatml, chat_template_name="chatml")
 
 
-def test_named_template_without_the_folder_names_the_variable(tokenizer, monkeypatch, tmp_path):
-    from lit_llm.data.errors import ChatTemplateError
-
+def test_named_templates_need_no_folder_beside_the_package(tokenizer, monkeypatch, tmp_path):
+    """The named templates ship in the package: the old folder variables change nothing."""
     monkeypatch.setenv("LIT_LLM_CHAT_TEMPLATES", str(tmp_path))
+    monkeypatch.setenv("LIT_LLM_SHARED_DATA", str(tmp_path))
     ch = ChatHistory(prompt=history(CONV[:2]))
-    with pytest.raises(ChatTemplateError, match=r"'chatml_format' refers to 'chatml.jinja', not found in .*"
-                                                r"LIT_LLM_CHAT_TEMPLATES"):
-        ch.to_tokens(tokenizer, chat_template_name="chatml_format")
+    out = ch.to_tokens(tokenizer, chat_template_name="chatml_format")
+    assert tokenizer.decode(out.prompt).startswith("<|im_start|>system\nBe brief.<|im_end|>")
 
 
 def test_chat_history_same_rank_warns_and_unsqueezes():

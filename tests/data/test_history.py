@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -91,14 +88,15 @@ def test_from_chats_bad_input(chats, message):
 
 
 def test_from_text_delegates_to_chat_parsing(monkeypatch):
+    from lit_llm.data import chat_parsing
+
     calls = []
 
-    def parse_chat_text(text, chat_template_name):
+    def parse_chat_text(text, chat_template_name, eos_token=None):
         calls.append((text, chat_template_name))
         return [{"role": "user", "content": text.upper()}, {"role": "assistant", "content": "ok"}][: len(text)]
 
-    fake = types.SimpleNamespace(parse_chat_text=parse_chat_text)
-    monkeypatch.setitem(sys.modules, "lit_llm.data.chat_parsing", fake)
+    monkeypatch.setattr(chat_parsing, "parse_chat_text", parse_chat_text)
     h = History.from_text("hi", chat_template_name="chatml")
     assert calls == [("hi", "chatml")] and h.to_chats() == [
         {"role": "user", "content": "HI"}, {"role": "assistant", "content": "ok"}]
