@@ -271,10 +271,13 @@ def test_wrapper_chat_template_name(tiny, tokenizer, templates_dir):
     from lit_llm.data.history import History
 
     named = TransformersWrapper(tiny, tokenizer=tokenizer, generate=False, chat_template_name="chatml_format")
-    by_path = TransformersWrapper(tiny, tokenizer=tokenizer, generate=False,
-                                  chat_template=str(templates_dir / "chatml.jinja"))
+    # the packaged template by its name (TorchRL's chatml_format: no BOS, so no doubled <|im_start|> with SmolLM2's
+    # tokenizer, whose bos_token is <|im_start|>)
+    by_path = TransformersWrapper(tiny, tokenizer=tokenizer, generate=False, chat_template="chatml")
     a, b = named(_history_td([CONV])), by_path(_history_td([CONV]))
     assert a[0]["tokens", "full"].tolist() == b[0]["tokens", "full"].tolist()
+    assert tokenizer.decode(a[0]["tokens", "full"]).startswith("<|im_start|>user") \
+        and "<|im_start|><|im_start|>" not in tokenizer.decode(a[0]["tokens", "full"])
     ref = ChatHistory(full=History.from_chats(CONV)).to_tokens(tokenizer)
     assert a[0]["tokens", "full"].tolist() != ref.full.tolist()  # not the tokenizer's own (SmolLM2 system prompt)
     assert named.get_new_version(generate=True).chat_template_name == "chatml_format"
