@@ -140,7 +140,7 @@ def command(argv: Sequence[str]) -> None:
             checkpoint or model, a checkpoint not written by lit-llm fit); the console script prints them as one
             ``lit-llm chat: error:`` line.
     """
-    from lit_llm.cli_entry import ToolParser
+    from lit_llm.cli_commands import ToolParser
 
     parser = ToolParser(prog=PROG, description="Chat with a model or a lit-llm checkpoint: type a message, get a "
                         "streamed reply; the conversation is kept (multi-turn) and rendered with the model's chat "

@@ -15,10 +15,18 @@ import torch
 import torch.distributions as D
 from torch import Tensor
 
-__all__ = ["LLMMaskedCategorical", "LogProbDistribution"]
+__all__ = ["LLMMaskedCategorical", "LogProbDistribution", "check_mask"]
 
 
-def _check_mask(mask: Tensor, shape: torch.Size, owner: str, what: str) -> Tensor:
+def check_mask(mask: Tensor, shape: torch.Size, owner: str, what: str) -> Tensor:
+    """A position-level mask checked against ``shape`` (``what`` names that shape, ``owner`` the caller, in errors).
+
+    Returns:
+        ``mask`` as a bool tensor.
+
+    Raises:
+        ValueError: ``mask`` is not a bool / integer tensor, or its shape is not ``shape``.
+    """
     if not isinstance(mask, Tensor) or mask.dtype.is_floating_point:
         raise ValueError(
             f"{owner}: mask must be a bool (or 0/1 integer) tensor of shape {tuple(shape)} (True = position is "
@@ -67,7 +75,7 @@ class LLMMaskedCategorical(D.Distribution):
                 f"{type(logits).__name__}{tuple(logits.shape) if isinstance(logits, Tensor) else ''}."
             )
         self._logits = logits
-        self._mask = _check_mask(mask, logits.shape[:-1], "LLMMaskedCategorical", "logits.shape[:-1]")
+        self._mask = check_mask(mask, logits.shape[:-1], "LLMMaskedCategorical", "logits.shape[:-1]")
         self.ignore_index = int(ignore_index)
         super().__init__(batch_shape=logits.shape[:-1], event_shape=torch.Size(), validate_args=False)
 
@@ -207,7 +215,7 @@ class LogProbDistribution(D.Distribution):
                 f"{type(log_probs).__name__}{tuple(log_probs.shape) if isinstance(log_probs, Tensor) else ''}."
             )
         self.log_probs = log_probs
-        self.mask = None if mask is None else _check_mask(mask, log_probs.shape, "LogProbDistribution",
+        self.mask = None if mask is None else check_mask(mask, log_probs.shape, "LogProbDistribution",
                                                           "log_probs.shape")
         super().__init__(batch_shape=log_probs.shape, event_shape=torch.Size(), validate_args=False)
 

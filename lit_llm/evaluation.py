@@ -147,7 +147,7 @@ def command(argv: Sequence[str] | None = None) -> GSM8KResult:
         FileNotFoundError / ValueError: a missing model, checkpoint or data file, a bad row or setting (the console
             script prints them as one ``lit-llm evaluate: error:`` line).
     """
-    from lit_llm.cli_entry import ToolParser
+    from lit_llm.cli_commands import ToolParser
 
     p = ToolParser(prog="lit-llm evaluate", description="Greedy GSM8K final-answer accuracy of a model or a lit-llm "
                    "checkpoint (prompts rendered as in training; '#### N' or the last number vs the reference).")

@@ -28,9 +28,9 @@ Added to LightningCLI's own arguments:
   ``--wandb_project``, ``--wandb_name``, ``--wandb_tags``), all under ``trainer.default_root_dir``.
 
 Subcommands other than LightningCLI's are dispatched by :func:`main` before LightningCLI parses
-(:data:`lit_llm.cli_entry.EXTRA_COMMANDS`): ``export`` (HF folder) and ``plot`` (training-curve PNG,
-:mod:`lit_llm.lightning.plot`); the console script (:func:`lit_llm.cli_entry.console_main`) answers ``lit-llm
---help`` and their ``--help`` without importing torch.
+(:data:`lit_llm.cli_commands.EXTRA_COMMANDS`): ``export`` (HF folder) and ``plot`` (training-curve PNG,
+:mod:`lit_llm.plot`); the console script (:func:`lit_llm.cli_entry.console_main`) answers ``lit-llm
+--help`` and their ``--help`` without importing torch, then runs :func:`run_console`.
 
 Errors (:mod:`lit_llm.cli_errors`): a bad option is one ``lit-llm: error:`` message naming the option, the allowed
 values and a near match (exit status 2); an error a class raises while the run is built (a module's ``ValueError``)
@@ -56,7 +56,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import lit_llm.lightning.grpo  # noqa: F401  (registers GRPOModule among PolicyModule's subclasses: --model.help)
-from lit_llm.cli_entry import EXTRA_COMMANDS, front
+from lit_llm.cli_commands import EXTRA_COMMANDS, PROG, answer_front, front
 from lit_llm.cli_errors import CLIConfigError, OneLineErrors, debug_enabled, explain_config_error
 from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
 from lit_llm.lightning.module import PolicyModule, check_manual_optimization_options
@@ -64,7 +64,7 @@ from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
 
 __all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "USER_ERRORS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
-           "check_resumable", "checkpoint_dir", "default_loggers", "main", "route_optimizer_options"]
+           "check_resumable", "checkpoint_dir", "default_loggers", "main", "route_optimizer_options", "run_console"]
 
 # Manual optimisation is deliberate (see lit_llm.lightning.module); a step-N checkpoint holds the weights after N steps.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -358,12 +358,26 @@ def main(args: Sequence[str] | None = None) -> LitLLMCLI | None:
                                                                       for k, c in EXTRA_COMMANDS.items())})
 
 
+def run_console() -> None:
+    """:func:`main` for the console script: a :data:`USER_ERRORS` error is printed as one ``lit-llm: error: ...``
+    message (:func:`~lit_llm.cli_errors.explain_config_error`; no traceback) and exits with status 2, unless
+    ``LIT_LLM_DEBUG`` is set (then it is raised)."""
+    try:
+        main()
+    except USER_ERRORS as e:
+        if debug_enabled():
+            raise
+        message = str(e) if isinstance(e, CLIConfigError) else explain_config_error(e)
+        sys.stderr.write(f"{PROG}: error: {message}\n")
+        raise SystemExit(2) from None
+
+
 def console_main() -> None:
     """:func:`lit_llm.cli_entry.console_main` (the ``lit-llm`` script), kept for ``python -m lit_llm.lightning.cli``
     and installs whose script still names this function."""
-    from lit_llm.cli_entry import console_main as entry
-
-    entry()
+    if answer_front(sys.argv[1:]):
+        return
+    run_console()
 
 
 if __name__ == "__main__":

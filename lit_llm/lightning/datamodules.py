@@ -426,7 +426,7 @@ class SFTDataModule(LightningDataModule):
         """Log the ``data/*`` counts of :meth:`setup` at step 0, once, from :meth:`train_dataloader` (called after a
         resumed fit restored its ``global_step``), and only in a fit that starts at step 0: a resumed fit, or a
         ``validate`` / ``test`` run, would put a step-0 row in its new CSV version, which reads as a run starting
-        over (:mod:`lit_llm.lightning.plot`). :meth:`setup` prints the counts in every run."""
+        over (:mod:`lit_llm.plot`). :meth:`setup` prints the counts in every run."""
         trainer = getattr(self, "trainer", None)
         if trainer is None or getattr(self, "_counts_logged", False) or trainer.global_step != 0:
             return

@@ -16,7 +16,7 @@ import torch
 import torch.distributions as D
 from torch import Tensor
 
-from lit_llm.distributions import LLMMaskedCategorical, _check_mask
+from lit_llm.distributions import LLMMaskedCategorical, check_mask
 from lit_llm.policy.kernel import IGNORE_INDEX, _check_scalars, _chunk_logits, chunked_token_log_probs
 
 __all__ = ["ChunkedLLMMaskedCategorical"]
@@ -102,7 +102,7 @@ class ChunkedLLMMaskedCategorical(LLMMaskedCategorical):
             raise ValueError(f"{_NAME}: matmul_dtype must be None or a floating torch.dtype (e.g. torch.bfloat16); "
                              f"got {matmul_dtype!r}.")
         self._hidden, self._weight, self._bias = hidden, weight, bias
-        self._mask = _check_mask(mask, hidden.shape[:-1], _NAME, "hidden.shape[:-1]")
+        self._mask = check_mask(mask, hidden.shape[:-1], _NAME, "hidden.shape[:-1]")
         if self._mask.device != hidden.device:
             raise ValueError(f"{_NAME}: mask is on {self._mask.device} but hidden is on {hidden.device}; move them to "
                              f"one device.")

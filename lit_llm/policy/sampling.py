@@ -3,7 +3,8 @@
 :func:`row_seed` derives the seed of sample ``k`` of a row from the row's base seed; :func:`sample_from_probs` draws
 one id per row by inverse CDF from uniforms drawn up front per row. Used by
 :func:`~lit_llm.policy.generation.generate_tokens` ``seeds=`` (the generate version's ``sampling_seed``), which
-re-exports :func:`row_seed` and :func:`sample_from_probs`.
+re-exports :func:`row_seed` and :func:`sample_from_probs`. :func:`splitmix64` is the seed mixer (the rollouts' row
+and turn seeds use it too).
 """
 
 from __future__ import annotations
@@ -14,18 +15,21 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["row_seed", "sample_from_probs"]
+__all__ = ["row_seed", "sample_from_probs", "splitmix64"]
 
 _MASK64 = (1 << 64) - 1
 
 
-def _splitmix64(x: int) -> int:
+def splitmix64(x: int) -> int:
     """SplitMix64's output function (Steele, Lea & Flood, "Fast splittable pseudorandom number generators",
     OOPSLA 2014): a bijection of ``[0, 2**64)`` with good avalanche."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
+
+
+_splitmix64 = splitmix64  # the former private name, still imported by lit_llm.rollouts.engine and policy.generation
 
 
 def row_seed(base: int, k: int) -> int:
@@ -50,7 +54,7 @@ def row_seed(base: int, k: int) -> int:
         raise ValueError(f"row_seed: base must be an integer in [-2**63, 2**64), got {base!r}.")
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= int(k) <= _MASK64:
         raise ValueError(f"row_seed: k must be a non-negative integer below 2**64, got {k!r}.")
-    return _splitmix64(_splitmix64(int(base) & _MASK64) ^ int(k)) >> 1
+    return splitmix64(splitmix64(int(base) & _MASK64) ^ int(k)) >> 1
 
 
 def _check_seeds(seeds: Sequence[int] | Tensor, batch: int) -> list[int]:

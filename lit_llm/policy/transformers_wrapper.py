@@ -1,7 +1,8 @@
 """``TransformersWrapper``: a Hugging Face causal LM as a TorchRL-style policy (generate and log-prob versions).
 
-Generate version (``generate=True``): prompt (History / text / ids) -> left-padded ids -> :func:`generate_tokens`
-(KV cache, every eos id of the generation config stops a row, sampled ids and their log-probs kept) -> outputs.
+Generate version (``generate=True``): prompt (History / text / ids) -> left-padded ids ->
+:func:`~lit_llm.policy.generation.generate_tokens` (KV cache, every eos id of the generation config stops a row,
+sampled ids and their log-probs kept) -> outputs.
 Log-prob version (``generate=False``): full sequence -> :func:`~lit_llm.policy.logprobs.model_token_log_probs`
 (chunked LM head, never ``[B, T, V]`` logits) -> ``log_probs.full``. When the input carries ``tokens.full`` (e.g. the
 generate version's output) those ids are scored as they are: decoded text is never re-tokenised (DESIGN.md
@@ -10,7 +11,10 @@ property 1). The masked distributions of the log-prob version (``get_dist`` / ``
 :class:`~lit_llm.policy.masked_dist.ChunkedLLMMaskedCategorical` over the backbone's hidden states (one backbone pass,
 the chunked LM head on masked-in positions only); see :meth:`LLMWrapperBase.get_dist` for the dense, ragged and GRPO
 prompt/completion layouts. How the log-prob version reads its input (full ids, assistant masks, prompt lengths, the
-distribution layout) is :class:`~lit_llm.policy.inputs.LogProbInputsMixin`.
+distribution layout) is :class:`~lit_llm.policy.inputs.LogProbInputsMixin`; the two versions' forward passes are
+:class:`~lit_llm.policy.generate_version.GenerateVersionMixin` and
+:class:`~lit_llm.policy.logprob_version.LogProbVersionMixin`. This module holds the settings and the input helpers
+they share.
 
 Output keys (defaults): ``text`` (:class:`Text`, history/text modes), ``tokens`` (:class:`Tokens`), ``masks``
 (:class:`Masks`), ``log_probs`` (:class:`LogProbs`), ``history`` (:class:`ChatHistory`, history mode) and, for
@@ -23,31 +27,20 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
 import torch
-from tensordict import NestedKey, TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDictBase
 from torch import Tensor
 
-from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens
 from lit_llm.policy.common import LLMWrapperBase
-from lit_llm.policy.dists import DistLayout
-from lit_llm.policy.generation import generate_tokens, pad_rows, resolve_generation_config, standardize_generate_kwargs
-from lit_llm.policy.inputs import LogProbInputsMixin, check_id_dtype, history_rows
-from lit_llm.policy.logprobs import (
-    base_causal_lm,
-    completion_hidden_states,
-    lm_head,
-    model_token_log_probs,
-    token_hidden_states,
-)
-from lit_llm.policy.rows import _key, read_rows, read_strings
-from lit_llm.policy.sampling import row_seed
+from lit_llm.policy.generate_version import SAMPLING_SEED_KEY, GenerateVersionMixin
+from lit_llm.policy.generation import resolve_generation_config, standardize_generate_kwargs
+from lit_llm.policy.inputs import LogProbInputsMixin
+from lit_llm.policy.logprob_version import LogProbVersionMixin
+from lit_llm.policy.rows import _key
 
 __all__ = ["SAMPLING_SEED_KEY", "TransformersWrapper"]
 
-#: Optional per-row input key of the generate version: the base seed of the row's own sampling generator.
-SAMPLING_SEED_KEY = "sampling_seed"
 
-
-class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
+class TransformersWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInputsMixin, LLMWrapperBase):
     """A transformers causal LM wrapped as a tensordict module (TorchRL's ``TransformersWrapper`` API).
 
     Args:
@@ -254,33 +247,7 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
             f"input_key=... ."
         )
 
-    # ---------------------------------------------------------------------------------------------- generation
-    def _prompt_inputs(self, td: TensorDictBase) -> tuple[list[Tensor], list[str] | None, list | None,
-                                                        list[Tensor] | None]:
-        """Per-row prompt ids, prompt texts, prompt Histories and prompt assistant masks."""
-        key = self.input_key
-        if self.input_mode == "history":
-            hist = td.get(key, None)
-            if hist is None:
-                raise self._missing(td, key, "prompt History [B, n_messages]")
-            rows = history_rows(hist, key, type(self).__name__)
-            texts = [h.apply_chat_template(self.tokenizer, chat_template=self.chat_template, tokenize=False,
-                                           add_generation_prompt=True) for h in rows]
-            ids, masks = zip(*(self._render_ids(h, add_generation_prompt=True) for h in rows))
-            return list(ids), texts, rows, list(masks)
-        if self.input_mode == "text":
-            texts = read_strings(td, key)
-            if texts is None:
-                raise self._missing(td, key, "prompt strings")
-            return [self._encode(t) for t in texts], texts, None, None
-        attn_key = self._tokens_attention_key(td)
-        self._check_not_padded_without_mask(td, key, attn_key)
-        ids = read_rows(td, key, attention_key=attn_key)
-        if ids is None:
-            raise self._missing(td, key, "prompt ids, 1-D per row")
-        check_id_dtype(ids, key, type(self).__name__)
-        return [r.long() for r in ids], None, None, None
-
+    # ---------------------------------------------------------------------------------------------- inputs
     def _tokens_padded(self, td: TensorDictBase) -> bool:
         """Whether the input's ``tokens.padded`` flag says its id tensors are padded ``[B, T]`` tensors."""
         try:
@@ -312,191 +279,10 @@ class TransformersWrapper(LogProbInputsMixin, LLMWrapperBase):
         """Response text; special tokens kept unless ``generate_kwargs["skip_special_tokens"]``."""
         return self.tokenizer.decode(ids.tolist(), skip_special_tokens=self.generation_config.skip_special_tokens)
 
-    def _sampling_seeds(self, td: TensorDictBase, n: int) -> list[int] | None:
-        """``B * n`` seeds ``row_seed(sampling_seed[b], k)`` (b-major) from the input's ``"sampling_seed"``, or
-        ``None`` when the input has no such key.
-
-        Raises:
-            ValueError: the entry is not one integer per row (shape ``[B]``, integer dtype).
-        """
-        if SAMPLING_SEED_KEY not in td.keys():
-            return None
-        value = td.get(SAMPLING_SEED_KEY)
-        batch = td.batch_size[0]
-        if not isinstance(value, Tensor) or value.shape != (batch,) or value.dtype.is_floating_point \
-                or value.dtype.is_complex or value.dtype == torch.bool:
-            desc = (f"a {value.dtype} tensor of shape {list(value.shape)}" if isinstance(value, Tensor)
-                    else type(value).__name__)
-            raise ValueError(
-                f"{type(self).__name__}: {SAMPLING_SEED_KEY!r} must hold one integer seed per row (an int64 tensor of "
-                f"shape [{batch}], or a 0-d int64 entry per row), got {desc}. Store torch.tensor(seed) per row.")
-        return [row_seed(base, k) for base in value.tolist() for k in range(n)]
-
-    def _generate(self, td: TensorDictBase) -> tuple[dict, int | None]:
-        prompts, texts, hists, prompt_am = self._prompt_inputs(td)
-        n = self.num_samples or 1
-        seeds = self._sampling_seeds(td, n)
-
-        def rep(rows: list | None) -> list | None:
-            return None if rows is None else [r for r in rows for _ in range(n)]
-
-        prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
-        dev = self.device
-        gen = generate_tokens(base_causal_lm(self.model), [p.to(dev) for p in prompts], self.generation_config,
-                              device=dev, seeds=seeds, tokenizer=self.tokenizer)
-        prompts = [p.to(dev) for p in prompts]
-        resp, resp_lp = gen.response_ids, gen.response_log_probs
-        full = [torch.cat([p, r]) for p, r in zip(prompts, resp)]
-        group = self.num_samples
-        pad = self.generation_config.pad_token_id
-        tok_pads = {"prompt": (pad, "left"), "response": (pad, "right"), "full": (pad, "left")}
-        res: dict[NestedKey, Any] = {}
-        res[self.tokens_key] = self._container(Tokens, {"prompt": prompts, "response": resp, "full": full},
-                                               group=group, pads=tok_pads)
-        attn = [torch.ones(f.numel(), dtype=torch.bool, device=dev) for f in full]
-        asst = None
-        if prompt_am is not None:
-            asst = [torch.cat([m.to(dev), torch.ones(r.numel(), dtype=torch.bool, device=dev)])
-                    for m, r in zip(prompt_am, resp)]
-        res[self.masks_key] = self._container(
-            Masks, {"all_attention_mask": attn, "all_assistant_mask": asst}, group=group,
-            pads={"all_attention_mask": (False, "left"), "all_assistant_mask": (False, "left")})
-        if self.return_log_probs:
-            lp_full = [torch.cat([torch.zeros(p.numel(), device=dev), lp]) for p, lp in zip(prompts, resp_lp)]
-            res[self.log_probs_key] = self._container(
-                LogProbs, {"response": resp_lp, "full": lp_full}, group=group,
-                pads={"response": (0.0, "right"), "full": (0.0, "left")})
-        truncated = gen.truncated.tolist()
-        if texts is not None:
-            resp_text = [self._decode(r) for r in resp]
-            res[self.text_key] = self._container(
-                Text, {"prompt": texts, "response": resp_text, "full": [p + r for p, r in zip(texts, resp_text)]},
-                group=group)
-        if hists is not None:
-            res[self.history_key] = self._container(
-                ChatHistory, self._histories(hists, resp, truncated), group=group)
-        trunc = gen.truncated
-        res["truncated"] = trunc if group is None else trunc.reshape(-1, group)
-        return res, group
-
-    def _histories(self, prompts: list, resp: list[Tensor], truncated: list[bool]) -> dict[str, list]:
-        from lit_llm.data.history import History
-
-        responses, fulls = [], []
-        eos = set(self.generation_config.eos_token_ids)
-        for h, r, cut in zip(prompts, resp, truncated):
-            # an eos token's text is not content (its id stays); a stop string's token is (it completes the text)
-            content = self._decode(r[:-1] if not cut and int(r[-1]) in eos else r)
-            msg = History.from_chats([{"role": "assistant", "content": content, "is_complete": not cut}])
-            responses.append(msg)
-            fulls.append(h.extend(msg, inplace=False))
-        return {"prompt": prompts, "response": responses, "full": fulls}
-
-    # ---------------------------------------------------------------------------------------------- log-probs
-    def _log_probs(self, td: TensorDictBase) -> tuple[dict, None]:
-        full, asst, prompt_lens = self._full_inputs(td)
-        if prompt_lens is None and asst is not None and self.input_mode == "history":
-            prompt_lens = _last_assistant_starts(asst)
-        ids, attn = self._padded_full(full)
-        lp = model_token_log_probs(self.model, ids, attn, temperature=self.temperature, chunk_size=self.chunk_size)
-        lp_rows = [row[m] for row, m in zip(lp.unbind(0), attn.unbind(0))]
-        full = [f.to(self.device) for f in full]
-        pad = self.generation_config.pad_token_id
-        tok = {"full": full, "prompt": None, "response": None}
-        lps = {"full": lp_rows, "prompt": None, "response": None}
-        if prompt_lens is not None:
-            tok["prompt"] = [f[:p] for f, p in zip(full, prompt_lens)]
-            tok["response"] = [f[p:] for f, p in zip(full, prompt_lens)]
-            lps["prompt"] = [x[:p] for x, p in zip(lp_rows, prompt_lens)]
-            lps["response"] = [x[p:] for x, p in zip(lp_rows, prompt_lens)]
-        res: dict[NestedKey, Any] = {
-            self.tokens_key: self._container(
-                Tokens, tok, pads={"prompt": (pad, "left"), "response": (pad, "right"), "full": (pad, "left")}),
-            self.masks_key: self._container(
-                Masks, {"all_attention_mask": [torch.ones_like(f, dtype=torch.bool) for f in full],
-                        "all_assistant_mask": None if asst is None else [a.to(self.device) for a in asst]},
-                pads={"all_attention_mask": (False, "left"), "all_assistant_mask": (False, "left")}),
-            self.log_probs_key: self._container(
-                LogProbs, lps, pads={"prompt": (0.0, "left"), "response": (0.0, "right"), "full": (0.0, "left")}),
-        }
-        if self.return_text:
-            dec = self.tokenizer.decode
-            text = {"full": [dec(f.tolist(), skip_special_tokens=False) for f in full], "prompt": None,
-                    "response": None}
-            if tok["prompt"] is not None:
-                text["prompt"] = [dec(p.tolist(), skip_special_tokens=False) for p in tok["prompt"]]
-                text["response"] = [f[len(p):] if f.startswith(p) else dec(r.tolist(), skip_special_tokens=False)
-                                    for f, p, r in zip(text["full"], text["prompt"], tok["response"])]
-            res[self.text_key] = self._container(Text, text)
-        if self.return_history:
-            hist = td.get(self.input_key, None)
-            if hist is not None:
-                res[self.history_key] = self._container(
-                    ChatHistory, _split_histories(history_rows(hist, self.input_key, type(self).__name__)))
-        return res, None
-
-    # ---------------------------------------------------------------------------------------------- distributions
-    def _dist_hidden_states(self, layout: DistLayout) -> tuple[Tensor, Tensor, Tensor | None]:
-        weight, bias = lm_head(self.model)
-        c = layout.completion
-        if c is not None:
-            hidden = completion_hidden_states(self.model, c["prompt_ids"], c["prompt_mask"], c["completion_ids"],
-                                              c["completion_mask"], c["prompt_index"], share_prompts=self.share_prompts)
-        else:
-            hidden = token_hidden_states(self.model, layout.tokens, layout.attention_mask,
-                                         position_ids=layout.position_ids)
-        return hidden, weight, bias
-
     def _forward_impl(self, td: TensorDictBase, **kwargs: Any) -> tuple[dict, int | None]:
         if kwargs:
             raise TypeError(f"{type(self).__name__}.forward: unexpected keyword arguments {sorted(kwargs)}.")
         return self._generate(td) if self.generate else self._log_probs(td)
-
-    def _aligned_logits(self, td: TensorDictBase) -> TensorDictBase:
-        full, asst, _ = self._full_inputs(td)
-        ids, attn = self._padded_full(full)
-        position_ids = (attn.long().cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=ids, attention_mask=attn.long(), position_ids=position_ids).logits.float()
-        logits = logits / self.temperature
-        aligned = torch.cat([torch.zeros_like(logits[:, :1]), logits[:, :-1]], dim=1)
-        scored = attn & (attn.long().cumsum(-1) > 1)
-        aligned = aligned * scored.unsqueeze(-1)
-        batch = [len(full)]
-        masks = Masks(all_attention_mask=attn, padded=True, batch_size=batch,
-                      all_assistant_mask=None if asst is None else pad_rows(
-                          [a.to(self.device) for a in asst], False, side="left"))
-        return TensorDict({"logits": aligned, self.tokens_key: Tokens(full=ids, padded=True, batch_size=batch),
-                           self.masks_key: masks}, batch_size=batch)
-
-
-def _last_assistant_starts(asst: list[Tensor]) -> list[int] | None:
-    """Per row, where the last run of the assistant mask starts (the response of a scored conversation, as TorchRL
-    splits it); ``None`` when a row has no assistant token (no split is known)."""
-    out = []
-    for m in asst:
-        m = m.bool()
-        if not bool(m.any()):
-            return None
-        last = int(m.nonzero()[-1])
-        before = (~m[:last + 1]).nonzero()
-        out.append(int(before[-1]) + 1 if before.numel() else 0)
-    return out
-
-
-def _split_histories(rows: list) -> dict[str, list]:
-    """``history.full`` rows with ``prompt`` / ``response`` split at the last assistant message (all rows must have
-    one, else only ``full``)."""
-    out: dict[str, list | None] = {"full": rows, "prompt": None, "response": None}
-    lasts = []
-    for h in rows:
-        roles = [r for r in h.role if r != "<none>"]
-        last = max((i for i, r in enumerate(roles) if r == "assistant"), default=None)
-        if not last:  # no assistant message, or nothing before it
-            return out
-        lasts.append((last, len(roles)))
-    out["prompt"] = [h[:last] for h, (last, _) in zip(rows, lasts)]
-    out["response"] = [h[last:n] for h, (last, n) in zip(rows, lasts)]
-    return out
 
 
 def _resolve_model(model: Any, tokenizer: Any) -> tuple[Any, Any]:

@@ -40,7 +40,7 @@ from lit_llm.data.prompts import tokenize_prompts
 from lit_llm.objectives.advantages import compute_advantages
 from lit_llm.policy.batching import caller_context, in_context
 from lit_llm.policy.rows import read_rows
-from lit_llm.policy.sampling import _splitmix64 as splitmix64  # TODO(merge): the public name
+from lit_llm.policy.sampling import splitmix64
 from lit_llm.rewards import TrainerState
 from lit_llm.rollouts.batch import RolloutBatch
 from lit_llm.rollouts.settings import RolloutError, RolloutSettings

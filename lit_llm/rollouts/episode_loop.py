@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_llm.policy.sampling import _splitmix64
+from lit_llm.policy.sampling import splitmix64
 from lit_llm.rollouts.envs.base import call_with_timeout
 from lit_llm.rollouts.episode_renderer import EpisodeRenderer
 from lit_llm.rollouts.settings import DEFAULT_MAX_TURNS, DEFAULT_STEP_TIMEOUT, RolloutError
@@ -43,7 +43,7 @@ def turn_seed(row_seed: int, turn: int) -> int:
     """
     if turn == 0:
         return int(row_seed)
-    return _splitmix64(int(row_seed) ^ _splitmix64(_TURN_SALT + int(turn))) & ((1 << 63) - 1)
+    return splitmix64(int(row_seed) ^ splitmix64(_TURN_SALT + int(turn))) & ((1 << 63) - 1)
 
 
 Generate = Callable[[Tensor, "int | None"], tuple[Tensor, Tensor, bool]]

@@ -129,7 +129,7 @@ def test_grpo_fit_rollouts_through_the_batcher_and_bit_reproducible(tmp_path, co
 def test_rollouts_generate_under_the_trainers_precision(tmp_path, monkeypatch, mode):
     """Rollouts are produced in a callback hook (outside training_step) and on other threads (rollout workers, the
     batcher, the async producer): they still run under the trainer's autocast, as training does."""
-    import lit_llm.policy.transformers_wrapper as wrapper
+    import lit_llm.policy.generate_version as wrapper  # where the generate version reads generate_tokens
 
     seen: list[bool] = []
     original = wrapper.generate_tokens

@@ -13,7 +13,8 @@ from lit_llm.lightning.grpo_data import GRPODataModule
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ["lit_llm/lightning/grpo.py", "lit_llm/lightning/grpo_data.py", "lit_llm/lightning/grpo_eval.py",
-         "lit_llm/lightning/episode_metrics.py", "lit_llm/rewards.py", "lit_llm/data/tool_calls.py",
+         "lit_llm/lightning/episode_metrics.py", "lit_llm/data/tool_calls.py",
+         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "lit_llm" / "rewards").rglob("*.py")),
          *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "lit_llm" / "rollouts").rglob("*.py"))]
 #: ``model.X`` / ``data.X`` not preceded by a word or a dot (``self.model.config``, ``lit_llm.data.history`` are not
 #: options)

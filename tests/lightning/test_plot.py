@@ -1,4 +1,4 @@
-"""Training-curve PNG from sparse CSVLogger logs (``lit_llm.lightning.plot``): panel table, joining resumed
+"""Training-curve PNG from sparse CSVLogger logs (``lit_llm.plot``): panel table, joining resumed
 versions (later version wins on overlapping steps), constants left out, integer step ticks, the PNG itself, and the
 real ``lit-llm fit`` + resume + ``lit-llm plot`` path on the tiny GRPO config."""
 
@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_llm.lightning import plot as plot_mod
-from lit_llm.lightning.plot import (
+from lit_llm.plot import (
     PANEL_SPECS,
     collect_panels,
     find_metrics_files,
@@ -24,6 +23,7 @@ from lit_llm.lightning.plot import (
     panel_for,
     plot_training_curves,
 )
+from lit_llm.plot import draw as plot_mod
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -4,18 +4,15 @@
 :func:`resolve_environment` (class / import path / LightningCLI dict / built-in name -> a factory of fresh
 environments). Rollouts layer: imports data and rewards; never Lightning."""
 
-from lit_llm.rollouts.envs.base import (
-    Environment,
-    EnvironmentSpecError,
-    EnvStep,
-    builtin_environment_name,
-    builtin_environments,
-    prompt_messages,
-    resolve_environment,
-    unimplemented_method,
-)
+from lit_llm.rollouts.envs.base import Environment, EnvStep, prompt_messages, unimplemented_method
 from lit_llm.rollouts.envs.calculator import CalculatorEnv, calculator, evaluate_expression
 from lit_llm.rollouts.envs.guess_number import GuessNumberEnv
+from lit_llm.rollouts.envs.registry import (
+    EnvironmentSpecError,
+    builtin_environment_name,
+    builtin_environments,
+    resolve_environment,
+)
 from lit_llm.rollouts.envs.tool_env import ToolEnv
 from lit_llm.rollouts.envs.tools import (
     Tool,
