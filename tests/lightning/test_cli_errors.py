@@ -38,7 +38,7 @@ def error_lines(args: list[str], capsys) -> list[str]:
 
 PARSE_ERRORS = [
     (GRPO, ["--model.init_args.loss_type", "dapo2"],
-     "--model.init_args.loss_type: 'dapo2' is not allowed; use one of: dapo, grpo, dr_grpo, bnpo, cispo "
+     "--model.init_args.loss_type: 'dapo2' is not allowed; use one of: dapo, grpo, dr_grpo, bnpo, cispo, null "
      "(did you mean dapo?)"),
     (GRPO, ["--model.rollout_mode", "asynch"],  # the short form names the canonical option
      "--model.init_args.rollout_mode: 'asynch' is not allowed; use one of: sync, async (did you mean async?)"),
