@@ -61,23 +61,30 @@ class GenerateVersionMixin:
         return [r.long() for r in ids], None, None, None
 
     def _sampling_seeds(self, td: TensorDictBase, n: int) -> list[int] | None:
-        """``B * n`` seeds ``row_seed(sampling_seed[b], k)`` (b-major) from the input's ``"sampling_seed"``, or
-        ``None`` when the input has no such key.
+        """``B * n`` seeds (b-major) from the input's ``"sampling_seed"``: ``row_seed(sampling_seed[b], k)`` of one
+        base per row (shape ``[B]``), or, with ``num_samples = n``, the seed of each sample as given (shape
+        ``[B, n]``: a caller that seeds every sample itself, e.g. GRPO's rollout engine); ``None`` when the input has
+        no such key.
 
         Raises:
-            ValueError: the entry is not one integer per row (shape ``[B]``, integer dtype).
+            ValueError: the entry is not one integer per row (shape ``[B]``) or per sample (``[B, n]``), integer
+                dtype.
         """
         if SAMPLING_SEED_KEY not in td.keys():
             return None
         value = td.get(SAMPLING_SEED_KEY)
         batch = td.batch_size[0]
-        if not isinstance(value, Tensor) or value.shape != (batch,) or value.dtype.is_floating_point \
-                or value.dtype.is_complex or value.dtype == torch.bool:
+        per_sample = self.num_samples is not None and isinstance(value, Tensor) and value.shape == (batch, n)
+        if not isinstance(value, Tensor) or (value.shape != (batch,) and not per_sample) \
+                or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
             desc = (f"a {value.dtype} tensor of shape {list(value.shape)}" if isinstance(value, Tensor)
                     else type(value).__name__)
             raise ValueError(
                 f"{type(self).__name__}: {SAMPLING_SEED_KEY!r} must hold one integer seed per row (an int64 tensor of "
-                f"shape [{batch}], or a 0-d int64 entry per row), got {desc}. Store torch.tensor(seed) per row.")
+                f"shape [{batch}], or a 0-d int64 entry per row; with num_samples={n}, or one per sample: [{batch}, "
+                f"{n}]), got {desc}. Store torch.tensor(seed) per row.")
+        if per_sample:
+            return [int(v) for v in value.reshape(-1).tolist()]
         return [row_seed(base, k) for base in value.tolist() for k in range(n)]
 
     def _generate(self, td: TensorDictBase) -> tuple[dict, int | None]:
@@ -88,11 +95,11 @@ class GenerateVersionMixin:
         def rep(rows: list | None) -> list | None:
             return None if rows is None else [r for r in rows for _ in range(n)]
 
-        prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
         dev = self.device
-        gen = generate_tokens(base_causal_lm(self.model), [p.to(dev) for p in prompts], self.generation_config,
-                              device=dev, seeds=seeds, tokenizer=self.tokenizer)
-        prompts = [p.to(dev) for p in prompts]
+        prompts = [p.to(dev) for p in prompts]  # each prompt once: its n samples share its prefill
+        gen = generate_tokens(base_causal_lm(self.model), prompts, self.generation_config, device=dev, seeds=seeds,
+                              tokenizer=self.tokenizer, num_samples=n)
+        prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
         resp, resp_lp = gen.response_ids, gen.response_log_probs
         full = [torch.cat([p, r]) for p, r in zip(prompts, resp)]
         group = self.num_samples

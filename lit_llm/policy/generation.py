@@ -508,14 +508,16 @@ def unique_rows(ids: Tensor, lengths: list[int]) -> tuple[Tensor, Tensor | None]
 @torch.no_grad()
 def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationConfig, *,
                     device: torch.device | None = None, max_context: int | None = None,
-                    seeds: Sequence[int] | Tensor | None = None, tokenizer: Any = None) -> GenerationOutput:
+                    seeds: Sequence[int] | Tensor | None = None, tokenizer: Any = None,
+                    num_samples: int = 1) -> GenerationOutput:
     """Decode every prompt with a KV cache; stop each row at its first eos id; keep ids and their log-probs.
 
     Prompts are left-padded into ``[B, P]`` with an attention mask built from their lengths (never from
     ``ids != pad``: SmolLM2's pad id is its end-of-turn id) and position ids ``attention_mask.cumsum(-1) - 1``
-    clamped at 0, so a row's numbers do not depend on the other rows' lengths. Identical prompts (a GRPO group repeats
-    one prompt ``num_generations`` times) are prefilled once and their KV cache gathered back to every row
-    (:func:`unique_rows`). At each step the next-token logits
+    clamped at 0, so a row's numbers do not depend on the other rows' lengths. With ``num_samples = n > 1`` (a GRPO
+    group: the caller's grouping, kept) each prompt is given once, prefilled once, and its KV cache copied to its
+    ``n`` sample rows (prompt-major: rows ``[b*n, (b+1)*n)`` are prompt ``b``'s); without, identical prompts are
+    found by their ids and prefilled once likewise (:func:`unique_rows`). At each step the next-token logits
     ``z`` (fp32) give the reported log-prob ``log_softmax(z / T)[x]`` of the chosen id ``x`` -- the temperature-scaled
     full distribution, **not** renormalised after top-k/top-p/min-p or the repetition penalty -- and the processed
     scores give ``x`` (a sample, or the argmax when greedy). A row is done once it emits any id of
@@ -543,13 +545,16 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
         config: resolved settings (:func:`resolve_generation_config`).
         device: where to run (default: the model's parameters' device).
         max_context: the model's context length; ``None`` reads ``model.config.max_position_embeddings``.
-        seeds: ``B`` integer seeds (a sequence of ints in ``[-2**63, 2**64)``, taken modulo ``2**64``, or a 1-D
-            integer tensor), one per prompt row; ``None`` = global RNG. Ignored when greedy (still validated). Equal
-            seeds on equal prompts give equal samples: derive distinct seeds per sample with :func:`row_seed`.
+        seeds: ``B * num_samples`` integer seeds (a sequence of ints in ``[-2**63, 2**64)``, taken modulo ``2**64``,
+            or a 1-D integer tensor), one per sample row; ``None`` = global RNG. Ignored when greedy (still
+            validated). Equal seeds on equal prompts give equal samples: derive distinct seeds per sample with
+            :func:`row_seed`.
         tokenizer: decodes responses for ``config.stop_sequences`` (required then, unused otherwise).
+        num_samples: samples per prompt (>= 1).
 
     Returns:
-        :class:`GenerationOutput` with per-row ids, log-probs and truncation flags, on ``device``.
+        :class:`GenerationOutput` with per-row ids, log-probs and truncation flags (``B * num_samples`` rows,
+        prompt-major), on ``device``.
 
     Raises:
         ValueError: see :func:`check_token_ids` (empty prompt, id outside the vocabulary, prompt plus
@@ -559,23 +564,32 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
     if device is None:
         device = next(model.parameters()).device
     check_token_ids(model, prompts, extra=config.max_new_tokens, max_context=max_context, what="generate: prompt")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"generate: num_samples must be an integer >= 1, got {num_samples!r}.")
     lengths = [int(p.numel()) for p in prompts]
-    batch = len(prompts)
+    batch = len(prompts) * num_samples
     seed_list = _check_seeds(seeds, batch) if seeds is not None else None
     ids = pad_rows([p.to(device=device, dtype=torch.long) for p in prompts], config.pad_token_id)
     attn = pad_rows([torch.ones(n, dtype=torch.long, device=device) for n in lengths], 0)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    if num_samples > 1:  # the caller's groups: every prompt prefilled once, its cache copied to its samples
+        unique = torch.arange(len(prompts), device=device)
+        inverse: Tensor | None = unique.repeat_interleave(num_samples)
+    else:  # plain rows: identical prompts (found by their ids) prefilled once
+        unique, inverse = unique_rows(ids, lengths)
+    prefill = {"input_ids": ids[unique], "attention_mask": attn[unique], "position_ids": position_ids[unique]}
+    if num_samples > 1:
+        lengths = [n for n in lengths for _ in range(num_samples)]
+        ids, attn, position_ids = ids[inverse], attn[inverse], position_ids[inverse]
     eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=device)
     row_procs, warpers = _processors(config)
     stop_strings = _StopStrings(tokenizer, config.stop_sequences, batch) if config.stop_sequences else None
     cache_kw = cache_kwarg(model)
     extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
-    # Identical prompts (a GRPO group: one prompt repeated num_generations times) are prefilled once and their KV
-    # cache and last logits gathered back to every row: the same numbers as prefilling each row, for 1/G the cost.
-    unique, inverse = unique_rows(ids, lengths)
-    out = model(input_ids=ids[unique], attention_mask=attn[unique], position_ids=position_ids[unique],
-                use_cache=True, **extra)
+    # Each distinct prompt is prefilled once and its KV cache and last logits gathered back to every row of it: the
+    # same numbers as prefilling each row, for 1/G the cost.
+    out = model(**prefill, use_cache=True, **extra)
     cache = out.get("cache", None) or out.get("past_key_values", None)
     if inverse is not None:
         if cache is None or not hasattr(cache, "layers"):

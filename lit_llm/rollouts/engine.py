@@ -129,17 +129,19 @@ def distinct_prompts(prompts: Sequence[Tensor]) -> tuple[list[Tensor], list[int]
 
 def policy_responses(policy: Any, prompts: list[Tensor], *, seeds: Tensor | None = None,
                      batch_order: int | None = None) -> tuple[list[Tensor], list[Tensor], list[bool]]:
-    """Call a tokens-mode generate version on ``prompts`` and read its per-row outputs.
+    """Call a tokens-mode generate version on ``prompts`` and read its per-sample outputs.
 
     Args:
-        policy: a :class:`~lit_llm.policy.TransformersWrapper` with ``input_mode="tokens"``, ``generate=True``.
+        policy: a :class:`~lit_llm.policy.TransformersWrapper` with ``input_mode="tokens"``, ``generate=True``;
+            with ``num_samples = n`` every prompt gets ``n`` samples (its prompt prefilled once).
         prompts: ``N`` 1-D long id tensors (unpadded).
-        seeds: optional ``[N]`` int64 per-row sampling seeds (the wrapper's ``"sampling_seed"`` input).
+        seeds: optional int64 sampling seeds (the wrapper's ``"sampling_seed"`` input): ``[N]`` one base per prompt,
+            or with ``num_samples`` ``[N, n]`` one per sample.
         batch_order: the caller's place in a shared batch of the threaded batcher (rollout workers).
 
     Returns:
-        ``(response_ids, response_log_probs, truncated)``: ``N`` 1-D long tensors, ``N`` 1-D float32 tensors and
-        ``N`` bools.
+        ``(response_ids, response_log_probs, truncated)``: ``N * n`` 1-D long tensors, ``N * n`` 1-D float32
+        tensors and ``N * n`` bools, prompt-major (``n = 1`` without ``num_samples``).
 
     Raises:
         RolloutError: the policy wrote no ``tokens.response`` / ``log_probs.response``.
@@ -152,6 +154,8 @@ def policy_responses(policy: Any, prompts: list[Tensor], *, seeds: Tensor | None
         rows.append(row)
     td = lazy_stack(rows)
     out = policy(td) if batch_order is None else policy(td, batch_order=batch_order)
+    if out.batch_dims == 2:  # num_samples: [N, n] -> N * n rows, prompt-major
+        out = lazy_stack([out[i, k] for i in range(out.batch_size[0]) for k in range(out.batch_size[1])])
     resp = read_rows(out, ("tokens", "response"))
     lps = read_rows(out, ("log_probs", "response"))
     if resp is None or lps is None:
@@ -212,6 +216,9 @@ class RolloutEngine:
             raise RolloutError("RolloutEngine needs the generate version of the policy in tokens mode with log-probs: "
                                "policy.get_new_version(generate=True, input_mode='tokens', return_log_probs=True).")
         self.policy, self.tokenizer, self.reward_fn = policy, tokenizer, reward_fn
+        # the prompts of a rollout go to the generate version once each, with the group size: each prompt is
+        # prefilled once for its num_generations samples (nothing re-discovers the groups from the ids)
+        self.group_policy = policy.get_new_version(num_samples=self.settings.num_generations)
         self.version, self.rank = version, int(rank)
         self.trainer_state_fn = trainer_state_fn
         self.pad_token_id = int(policy.generation_config.pad_token_id)
@@ -249,41 +256,46 @@ class RolloutEngine:
 
     def batched_policy(self, rows: int, *, timeout: float = ROLLOUT_BATCHING_TIMEOUT,
                        max_batch_size: int | None = None) -> Any:
-        """The version of :attr:`policy` whose batcher runs once ``rows`` rows are queued, or once the oldest queued
-        row has waited ``timeout`` seconds, at most ``max_batch_size`` rows per forward (built once per setting)."""
+        """The version of :attr:`group_policy` (``num_samples = num_generations``) whose batcher runs once ``rows``
+        prompt rows are queued, or once the oldest queued row has waited ``timeout`` seconds, at most
+        ``max_batch_size`` rows per forward (built once per setting)."""
         key = (rows, float(timeout), max_batch_size)
         with self._lock:
             version = self._batched.get(key)
             if version is None:
-                version = self.policy.get_new_version(batching=True, min_batch_size=rows,
-                                                      max_batch_size=max_batch_size, batching_timeout=timeout)
+                version = self.group_policy.get_new_version(batching=True, min_batch_size=rows,
+                                                            max_batch_size=max_batch_size, batching_timeout=timeout)
                 self._batched[key] = version
             return version
 
     # -------------------------------------------------------------------------------------------- generation
     def generate(self, prompts: list[Tensor], seeds: Tensor | None = None) -> tuple[list[Tensor], list[Tensor],
                                                                                   list[bool]]:
-        """Sample one response per row of ``prompts`` (rows ``[k*G, (k+1)*G)`` are group ``k``).
+        """Sample ``num_generations`` responses per prompt: the generate version gets each prompt once with the group
+        size (:attr:`group_policy`; each prompt prefilled once for its group). Rows ``[k*G, (k+1)*G)`` of the result
+        are prompt ``k``'s.
 
-        With :attr:`batching`, the groups are shared among the worker threads (contiguous, in order) and each worker
+        With :attr:`batching`, the prompts are shared among the worker threads (contiguous, in order) and each worker
         calls the batching version with its place as ``batch_order``; otherwise one direct call.
 
         Args:
-            prompts: ``N`` 1-D long id tensors (already repeated per generation).
-            seeds: optional ``[N]`` int64 per-row seeds.
+            prompts: ``P`` 1-D long id tensors, one per group.
+            seeds: optional ``[P * G]`` int64 per-sample seeds (prompt-major).
 
         Returns:
-            ``(response_ids, response_log_probs, truncated)``: ``N`` 1-D long tensors (ending with the stop token
-            unless truncated), ``N`` 1-D float32 tensors (``log_softmax(z / T)`` of each sampled id) and ``N`` bools.
+            ``(response_ids, response_log_probs, truncated)``: ``P * G`` 1-D long tensors (ending with the stop token
+            unless truncated), ``P * G`` 1-D float32 tensors (``log_softmax(z / T)`` of each sampled id) and
+            ``P * G`` bools.
         """
         g = self.num_generations
-        n_groups = max(len(prompts) // g, 1)
-        k = min(self.num_workers or n_groups, n_groups)
-        if not self.batching or len(prompts) == 1:
+        grouped = None if seeds is None else seeds.reshape(len(prompts), g)
+        n_prompts = len(prompts)
+        k = min(self.num_workers or n_prompts, n_prompts)
+        if not self.batching:
             self.num_policy_calls += 1
-            return policy_responses(self.policy, prompts, seeds=seeds)
-        policy = self.batched_policy(len(prompts))
-        bounds = [round(i * n_groups / k) * g for i in range(k)] + [len(prompts)]
+            return policy_responses(self.group_policy, prompts, seeds=grouped)
+        policy = self.batched_policy(n_prompts)
+        bounds = [round(i * n_prompts / k) for i in range(k)] + [n_prompts]
         device_type = policy.device.type
         context = caller_context(device_type)  # grad mode and autocast are thread-local: the workers take ours
 
@@ -292,7 +304,7 @@ class RolloutEngine:
             with self._lock:
                 self.num_policy_calls += 1
             with in_context(context, device_type):
-                return policy_responses(policy, prompts[a:b], seeds=None if seeds is None else seeds[a:b],
+                return policy_responses(policy, prompts[a:b], seeds=None if grouped is None else grouped[a:b],
                                         batch_order=i)
 
         with ThreadPoolExecutor(max_workers=k, thread_name_prefix="lit_llm-rollout-worker") as pool:
@@ -336,11 +348,10 @@ class RolloutEngine:
             raise RolloutError(f"prompt batch has {len(ids)} 'prompt_ids' for {n_prompts} prompts; give one each.")
         if trainer_state is None:  # taken before generating: the progress the rollout was generated at
             trainer_state = self.current_trainer_state(step)
-        rep = [p for p in ids for _ in range(g)]
         seeds = None if self.seed is None else row_seeds(self.seed, step, self.rank, n_prompts, g, sampling_round)
 
         t0 = time.perf_counter()
-        resp, resp_lp, truncated = self.generate(rep, seeds)
+        resp, resp_lp, truncated = self.generate(ids, seeds)
         gen_time = time.perf_counter() - t0
 
         t1 = time.perf_counter()

@@ -143,12 +143,37 @@ def test_batcher_workers_are_bit_identical_to_one_call(tiny, tokenizer):
     direct = make_engine(tiny, tokenizer, batching=False).rollout(PROMPTS, step=2)
     engine = make_engine(tiny, tokenizer, batching=True)
     runs = [engine.rollout(PROMPTS, step=2) for _ in range(2)]
-    version = engine.batched_policy(12)
+    version = engine.batched_policy(3)  # the batcher counts prompt rows: each prompt once, with the group size
     state = version.get_batching_state()
-    assert state["batching_enabled"] and state["batches_run"] == 2 and state["rows_run"] == 24
+    assert state["batching_enabled"] and state["batches_run"] == 2 and state["rows_run"] == 6
     assert engine.num_policy_calls == 6  # 3 workers (one per group) x 2 rollouts
     assert _same(runs[0], runs[1]) and _same(runs[0], direct)
     version.cleanup_batching(flush=True)
+
+
+def test_generate_version_gets_each_prompt_once_with_the_group_size(tiny, tokenizer, monkeypatch):
+    """The engine hands the generate version the distinct prompts of its groups and the group size (TorchRL's
+    ``num_samples``); generation prefills each prompt once without re-discovering the groups from the ids
+    (``unique_rows`` is never called), and the rows come back prompt-major, ``G`` per prompt."""
+    import lit_llm.policy.generation as generation
+
+    calls = []
+    real = generation.generate_tokens
+
+    def spy(model, prompts, config, **kw):
+        calls.append((len(prompts), kw.get("num_samples")))
+        return real(model, prompts, config, **kw)
+
+    def no_dedup(*args, **kwargs):
+        raise AssertionError("grouped prompts were de-duplicated again")
+
+    monkeypatch.setattr("lit_llm.policy.generate_version.generate_tokens", spy)
+    monkeypatch.setattr(generation, "unique_rows", no_dedup)
+    for batching in (False, True):
+        calls.clear()
+        out = make_engine(tiny, tokenizer, batching=batching).rollout(PROMPTS, step=2)
+        assert calls == [(3, 4)]  # 3 prompts, 4 samples each, one forward batch
+        assert out.num_rows == 12 and out.prompt_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4
 
 
 def test_rollout_errors(tiny, tokenizer):
