@@ -302,8 +302,14 @@ def grpo_loss(
 @dataclass(frozen=True)
 class GRPOObjective:
     """The GRPO loss of one optimizer step, micro-batch by micro-batch: TRL's flat knobs bound together, with the
-    per-``loss_type`` step count and the ``bnpo`` rescale (internal interface of :class:`~lit_llm.lightning.grpo.
-    GRPOModule`; the YAML surface stays the module's flat knobs).
+    per-``loss_type`` step count and the ``bnpo`` rescale, both from the loss type's strategy (:attr:`rule`,
+    :mod:`lit_llm.objectives.loss_types`). :class:`~lit_llm.lightning.grpo.GRPOModule` builds it from its flat knobs
+    (the YAML surface).
+
+    It is also the protocol of a user's objective (``model.objective: my_loss:MyObjective``): subclass it (a frozen
+    dataclass; extra fields need defaults) and override :meth:`__call__` (the loss of a micro-batch and its metrics,
+    which must keep :func:`grpo_loss`'s keys: the module logs them) and/or :meth:`local_count` (the step count); the
+    class's ``loss_type`` default says which denominator it uses.
 
     Usage for one optimizer step over micro-batches ``mb_1..mb_k`` on ``W`` ranks::
 
