@@ -35,7 +35,7 @@ KNOWN_PRIVATE = {("lit_llm.lightning.datamodules", "_Skipped"), ("lit_llm.rollou
                  ("lit_llm.rollouts.episode_renderer", "_Renderer"),
                  ("lit_llm.rollouts.episode_renderer", "_resolve_template"),
                  ("lit_llm.rollouts.episode_renderer", "_free_chars")}
-KNOWN_LONG = {"lit_llm.policy.dists", "lit_llm.policy.generation"}
+KNOWN_LONG = {"lit_llm.policy.dists"}
 
 
 def modules() -> dict[str, Path]:

@@ -29,7 +29,6 @@ def splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-_splitmix64 = splitmix64  # the former private name, still imported by lit_llm.rollouts.engine and policy.generation
 
 
 def row_seed(base: int, k: int) -> int:

@@ -18,12 +18,12 @@ import torch
 from tensordict import TensorDict, lazy_stack
 
 from lit_llm.policy.generation import (
-    _splitmix64,
     generate_tokens,
     resolve_generation_config,
     row_seed,
     sample_from_probs,
 )
+from lit_llm.policy.sampling import splitmix64
 
 PROBS = torch.tensor([0.1, 0.0, 0.25, 0.0, 0.05, 0.6, 0.0])
 
@@ -31,8 +31,8 @@ PROBS = torch.tensor([0.1, 0.0, 0.25, 0.0, 0.05, 0.6, 0.0])
 # ----------------------------------------------------------------------------------------------------- row_seed
 def test_splitmix64_matches_the_reference_stream():
     # SplitMix64 seeded with 0 (Vigna's reference splitmix64.c): first two outputs.
-    assert _splitmix64(0) == 0xE220A8397B1DCDAF
-    assert _splitmix64(0x9E3779B97F4A7C15) == 0x6E789E6AA1B965F4
+    assert splitmix64(0) == 0xE220A8397B1DCDAF
+    assert splitmix64(0x9E3779B97F4A7C15) == 0x6E789E6AA1B965F4
 
 
 def test_row_seed_pinned_in_range_and_distinct():
