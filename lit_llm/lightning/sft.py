@@ -100,12 +100,24 @@ class SFTModule(PolicyModule):
         """A packed micro-batch's ``[P, L]`` tensor in its rows' ``[N, T]`` layout (as returned for unpacked ones)."""
         return unpack_rows(packed, mb["unpack_index"], mb["row_lengths"], fill=fill) if is_packed(mb) else packed
 
+    def head(self, mb: dict[str, Any]) -> tuple[TensorDict, Tensor]:
+        """``(inputs, mask)`` of a micro-batch, built once per micro-batch and kept on it (under ``"policy_head"``):
+        the log-prob version's input (:meth:`policy_inputs`) and the configured head's mask in that input's layout
+        (``[B, T]`` bool; ``[P, L]`` packs for a packed micro-batch), the one definition of the head
+        (:meth:`~lit_llm.policy.LLMWrapperBase.head_mask`, :mod:`lit_llm.policy.heads`) that both the step count
+        (:meth:`step_denominator`) and the loss (:meth:`forward_stats`) read, without a forward pass."""
+        kept = mb.get("policy_head")
+        if kept is None:
+            inputs = self.policy_inputs(mb)
+            kept = (inputs, self.versions.log_prob_version.head_mask(inputs, self.loss))
+            mb["policy_head"] = kept
+        return kept
+
     def mask(self, mb: dict[str, Any]) -> Tensor:
-        """``[N, T]`` bool loss mask of a micro-batch's ``N`` rows for the configured head: the mask of the log-prob
-        version's ``get_<head>_dist`` (:meth:`~lit_llm.policy.LLMWrapperBase.head_mask`), without a forward pass;
-        for a packed micro-batch, gathered back to the rows (:func:`~lit_llm.data.packing.unpack_rows`), so token
-        and sequence counts are those of the same rows unpacked."""
-        return self._rows(mb, self.versions.log_prob_version.head_mask(self.policy_inputs(mb), self.loss), False)
+        """``[N, T]`` bool loss mask of a micro-batch's ``N`` rows for the configured head (:meth:`head`); for a
+        packed micro-batch, gathered back to the rows (:func:`~lit_llm.data.packing.unpack_rows`), so token and
+        sequence counts are those of the same rows unpacked."""
+        return self._rows(mb, self.head(mb)[1], False)
 
     def step_denominator(self, micro_batches: list[dict[str, Any]]) -> Tensor:
         """Trained tokens (``normalization="token"``) or sequences with >= 1 trained token, over the micro-batches."""
@@ -117,8 +129,8 @@ class SFTModule(PolicyModule):
         pass; log-probs, entropies and argmax hits from one pass of the chunked kernel over the masked positions):
         ``(loss, stats)`` with detached sums (``loss``, ``nll_sum``, ``num_tokens``, ``entropy_sum``, ``hits`` and
         ``kl`` with a reference)."""
-        inputs = self.policy_inputs(mb)
-        dist = getattr(self.versions.log_prob_version, f"get_{self.loss}_dist")(inputs)
+        inputs, head_mask = self.head(mb)
+        dist = self.versions.log_prob_version.get_dist(inputs, mask=head_mask)  # = get_<loss>_dist(inputs)
         log_probs, entropy, hits = dist.log_prob_and_entropy(dist.tokens, return_hits=True)  # hits: ~free
         mask = dist.mask
         ref = None
