@@ -279,8 +279,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                 importance_sampling_level=importance_sampling_level, entropy_coef=entropy_coef,
                 rollout_correction=rollout_correction, rollout_correction_clip_max=rollout_correction_clip_max,
                 rollout_correction_clip_min=rollout_correction_clip_min)
-            self.rewards, self.eval_rewards = build_rewards(reward_funcs, reward_weights, eval_reward_funcs,
-                                                            with_environment=self.env_factory is not None)
+        # reward-function errors name the spec and the entry themselves (no owner prefix: the CLI shows them as they are)
+        self.rewards, self.eval_rewards = build_rewards(reward_funcs, reward_weights, eval_reward_funcs,
+                                                        with_environment=self.env_factory is not None)
         if micro_batch_size % num_generations:
             rank_zero_warn(f"GRPOModule: micro_batch_size={micro_batch_size} is not a multiple of num_generations="
                            f"{num_generations}: some prompt groups straddle two micro-batches and their prompt runs "
