@@ -279,7 +279,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                 importance_sampling_level=importance_sampling_level, entropy_coef=entropy_coef,
                 rollout_correction=rollout_correction, rollout_correction_clip_max=rollout_correction_clip_max,
                 rollout_correction_clip_min=rollout_correction_clip_min)
-        # reward-function errors name the spec and the entry themselves (no owner prefix: the CLI shows them as they are)
+        # reward-function errors name the spec and the entry themselves (no owner prefix, as the CLI shows them)
         self.rewards, self.eval_rewards = build_rewards(reward_funcs, reward_weights, eval_reward_funcs,
                                                         with_environment=self.env_factory is not None)
         if micro_batch_size % num_generations:
