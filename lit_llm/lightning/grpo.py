@@ -287,12 +287,11 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                            f"{num_generations}: some prompt groups straddle two micro-batches and their prompt runs "
                            f"through the backbone twice (same numbers, more compute).")
         self.num_generations, self.max_new_tokens, self.temperature = num_generations, max_new_tokens, temperature
-        self.loss_type, self.beta = self.objective.loss_type, beta
+        self.loss_type, self.beta, self.old_log_probs = self.objective.loss_type, beta, old_log_probs
         self.num_iterations, self.micro_batch_size = num_iterations, micro_batch_size
         self.share_prompts = share_prompts and not gradient_checkpointing
         self.log_samples_every, self.num_logged_samples = log_samples_every, num_logged_samples
         self.eval_samples, self.eval_max_new_tokens = eval_samples, eval_max_new_tokens or max_new_tokens
-        self.old_log_probs = old_log_probs
         self.register_buffer("dropped_rollouts", torch.zeros((), dtype=torch.long))
         eval_names = [*(EPISODE_EVAL_METRICS if self.env_factory is not None else ()),
                       *([] if self.eval_rewards is None else self.eval_rewards.names)]
