@@ -29,12 +29,8 @@ MAX_LINES = 500
 
 #: Known departures, each to be removed by the next session of issue 26 (listed so that no new one creeps in).
 KNOWN_UPWARD = {("lit_llm.lightning.cli", "lit_llm.cli_commands")}  # the CLI's subcommand table sits above it
-KNOWN_CIRCLES = {"lit_llm.data.assistant_spans", "lit_llm.rollouts.envs.base"}
-KNOWN_PRIVATE = {("lit_llm.lightning.datamodules", "_Skipped"), ("lit_llm.rollouts.envs.tools", "_Renderer"),
-                 ("lit_llm.rollouts.envs.tools", "_resolve_template"),
-                 ("lit_llm.rollouts.episode_renderer", "_Renderer"),
-                 ("lit_llm.rollouts.episode_renderer", "_resolve_template"),
-                 ("lit_llm.rollouts.episode_renderer", "_free_chars")}
+KNOWN_CIRCLES: set[str] = set()
+KNOWN_PRIVATE: set[tuple[str, str]] = set()
 KNOWN_LONG = {"lit_llm.policy.dists", "lit_llm.policy.generation"}
 
 
