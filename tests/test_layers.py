@@ -31,7 +31,7 @@ MAX_LINES = 500
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 KNOWN_CIRCLES: set[str] = set()
 KNOWN_PRIVATE: set[tuple[str, str]] = set()
-KNOWN_LONG = {"lit_llm.policy.dists", "lit_llm.policy.generation"}
+KNOWN_LONG = {"lit_llm.policy.generation"}
 
 
 def modules() -> dict[str, Path]:
