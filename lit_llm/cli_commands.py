@@ -1,59 +1,27 @@
-"""The ``lit-llm`` subcommands and what answers without Lightning: the top-level help (:func:`top_parser`), a
-mistyped subcommand and the extra subcommands (:data:`EXTRA_COMMANDS`: ``export``, ``plot``, ``chat``, ``evaluate``;
-their ``--help`` too), dispatched by :func:`front` with argparse / jsonargparse before torch or Lightning is imported.
-
-Extra subcommands are entries of :data:`EXTRA_COMMANDS`: a one-line summary and ``"module:function"``, a function
-of the remaining arguments that parses them (answering ``--help``) before importing torch; its module must import
-neither torch nor Lightning at import time. Adding a command is one entry. Imported by both the console script
-(:mod:`lit_llm.cli_entry`) and LightningCLI's entry point (:mod:`lit_llm.lightning.cli`).
+"""``lit-llm export`` (:func:`export_command`: a checkpoint's policy as an HF folder), the one subcommand the command
+line layer owns; the names of :mod:`lit_llm.cli_front` (the subcommand table, the front that answers without
+Lightning, :class:`ToolParser`) are re-exported here, where the console script (:mod:`lit_llm.cli_entry`), ``lit-llm
+chat`` and ``lit-llm evaluate`` import them. Imports neither torch nor Lightning at import time (``lit-llm export
+--help`` answers without them); the export itself imports :mod:`lit_llm.lightning.export`.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from jsonargparse import ArgumentParser
-
-from lit_llm.cli_errors import DEBUG_ENV, OneLineErrors, debug_enabled, near
+from lit_llm.cli_front import (
+    EXTRA_COMMANDS,
+    LIGHTNING_COMMANDS,
+    PROG,
+    Command,
+    ToolParser,
+    answer_front,
+    front,
+    top_parser,
+)
 
 __all__ = ["EXTRA_COMMANDS", "LIGHTNING_COMMANDS", "PROG", "Command", "ToolParser", "answer_front", "export_command",
            "front", "top_parser"]
-
-PROG = "lit-llm"
-
-#: LightningCLI's subcommands and their one-line help (the first line of the Trainer method's docstring).
-LIGHTNING_COMMANDS: dict[str, str] = {
-    "fit": "Runs the full optimization routine.",
-    "validate": "Perform one evaluation epoch over the validation set.",
-    "test": "Perform one evaluation epoch over the test set.",
-    "predict": "Run inference on your data.",
-}
-
-
-@dataclass(frozen=True)
-class Command:
-    """An extra subcommand: ``summary`` (one line of the top-level help) and ``target`` (``"module:function"``,
-    called with the arguments after the subcommand's name; it parses them before importing torch)."""
-
-    summary: str
-    target: str
-
-    def load(self) -> Callable[[Sequence[str]], None]:
-        module, _, name = self.target.partition(":")
-        return getattr(importlib.import_module(module), name)
-
-
-class ToolParser(OneLineErrors, ArgumentParser):
-    """A jsonargparse parser for an extra subcommand: no abbreviations, one-message errors (``lit-llm CMD: error:``)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-        self.error_prefix = self.prog
 
 
 def export_command(argv: Sequence[str]) -> None:
@@ -72,73 +40,3 @@ def export_command(argv: Sequence[str]) -> None:
 
     out = export_checkpoint(cfg.ckpt_path, cfg.out, overwrite=cfg.overwrite)
     print(f"exported {cfg.ckpt_path} -> {out}")
-
-
-#: Subcommands handled outside LightningCLI (name -> :class:`Command`); the top-level help lists them in this order.
-EXTRA_COMMANDS: dict[str, Command] = {
-    "export": Command("Write a checkpoint's policy as a Hugging Face folder.", "lit_llm.cli_commands:export_command"),
-    "plot": Command("Draw a run's training curves (CSV log) as a PNG.", "lit_llm.plot:command"),
-    "chat": Command("Chat with a model or checkpoint, multi-turn.", "lit_llm.chat:command"),
-    "evaluate": Command("Greedy GSM8K accuracy of a model or checkpoint.", "lit_llm.evaluation:command"),
-}
-
-
-def top_parser() -> argparse.ArgumentParser:
-    """The top-level parser for ``lit-llm --help`` and the usage line: every subcommand with its summary."""
-    commands = {**LIGHTNING_COMMANDS, **{k: c.summary for k, c in EXTRA_COMMANDS.items()}}
-    parser = argparse.ArgumentParser(
-        prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="LLM post-training (SFT, GRPO) on Lightning: LightningCLI subcommands over YAML configs, plus "
-                    "tools for their runs.",
-        epilog=f"`{PROG} COMMAND --help` lists a command's options; `{PROG} fit --model.help GRPOModule` (or "
-               f"SFTModule) a module's.\nExamples:\n"
-               f"  {PROG} fit --config configs/grpo_tiny.yaml --trainer.max_steps 4\n"
-               f"  {PROG} export --ckpt_path runs/sft_tiny/checkpoints/last.ckpt --out exported/\n"
-               f"  {PROG} plot runs/sft_tiny\n"
-               f"  {PROG} chat --model runs/sft_tiny/checkpoints/last.ckpt\n"
-               f"  {PROG} evaluate --model exported/ --data gsm8k/test.jsonl --limit 100\n"
-               f"A bad option is one `{PROG}: error:` line; {DEBUG_ENV}=1 shows the parser's full message and "
-               "tracebacks.")
-    sub = parser.add_subparsers(title="commands", metavar="{" + ",".join(commands) + "}")
-    for name, summary in commands.items():
-        sub.add_parser(name, help=summary, add_help=False)
-    return parser
-
-
-def front(argv: Sequence[str]) -> bool:
-    """Handle what needs no Lightning: no arguments or ``-h``/``--help`` first (top-level help), an unknown
-    subcommand (exit 2 with a near match) and the :data:`EXTRA_COMMANDS`. Returns whether ``argv`` was handled;
-    ``False`` leaves it to LightningCLI."""
-    argv = list(argv)
-    if not argv:
-        parser = top_parser()
-        parser.print_usage(sys.stderr)
-        parser.exit(2, f"{PROG}: error: give a command: {', '.join([*LIGHTNING_COMMANDS, *EXTRA_COMMANDS])}\n")
-    if argv[0] in ("-h", "--help"):
-        top_parser().print_help()
-        raise SystemExit(0)
-    if argv[0] in EXTRA_COMMANDS:
-        EXTRA_COMMANDS[argv[0]].load()(argv[1:])
-        return True
-    if not argv[0].startswith("-") and argv[0] not in LIGHTNING_COMMANDS:
-        names = [*LIGHTNING_COMMANDS, *EXTRA_COMMANDS]
-        close = near(argv[0], names, n=1)
-        top_parser().print_usage(sys.stderr)
-        raise SystemExit(f"{PROG}: error: unknown command '{argv[0]}'; use one of: {', '.join(names)}"
-                         + (f" (did you mean {close[0]}?)" if close else ""))
-    return False
-
-
-def answer_front(argv: Sequence[str]) -> bool:
-    """:func:`front`, with an extra subcommand's ``OSError`` / ``ValueError`` (a missing checkpoint, an existing
-    ``--out``) printed as one ``lit-llm CMD: error:`` line plus the :data:`DEBUG_ENV` hint and exit status 2
-    (:data:`DEBUG_ENV` re-raises). Returns whether ``argv`` was handled."""
-    try:
-        return front(argv)
-    except (OSError, ValueError) as e:
-        if debug_enabled():
-            raise
-        prefix = f"{PROG} {argv[0]}: "
-        text = str(e).removeprefix(prefix)
-        sys.stderr.write(f"{prefix}error: {text}\n  ({DEBUG_ENV}=1 shows the traceback)\n")
-        raise SystemExit(2) from None

@@ -1,11 +1,11 @@
 """The ``lit-llm`` console script: answers what needs no Lightning before importing it.
 
 ``lit-llm``, ``lit-llm --help``, a mistyped subcommand and the extra subcommands (``export``, ``plot``, ``chat``,
-``evaluate``; their ``--help`` too) are handled by :mod:`lit_llm.cli_commands` with argparse / jsonargparse and import
-neither torch nor Lightning, so they answer in well under a second. Everything else (``fit``, ``validate``, ``test``,
-``predict``) goes to :func:`lit_llm.lightning.cli.run_console` (LightningCLI), which prints a one-message error
-(:mod:`lit_llm.cli_errors`) for a bad option and exits 2. The names of :mod:`lit_llm.cli_commands` are re-exported
-here.
+``evaluate``; their ``--help`` too) are handled by :mod:`lit_llm.cli_front` (through :mod:`lit_llm.cli_commands`)
+with argparse / jsonargparse and import neither torch nor Lightning, so they answer in well under a second. Everything
+else (``fit``, ``validate``, ``test``, ``predict``) goes to :func:`lit_llm.lightning.cli.run_console` (LightningCLI),
+which prints a one-message error (:mod:`lit_llm.cli_errors`) for a bad option and exits 2. The names of
+:mod:`lit_llm.cli_commands` are re-exported here.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "lit_llm"
 
 #: The layers, top (imported by every other) to bottom; a module's layer is its first-level package or file name.
 LAYERS = [
-    {"imports", "models", "cli_errors", "plot"},
+    {"imports", "models", "cli_errors", "cli_front", "plot"},
     {"data"},
     {"distributions"},
     {"policy"},
@@ -26,16 +26,6 @@ LAYERS = [
     {"cli_commands", "cli_entry", "chat", "evaluation", "demo"},
 ]
 MAX_LINES = 500
-
-#: Known departures, each to be removed by the next session of issue 26 (listed so that no new one creeps in).
-KNOWN_UPWARD = {("lit_llm.lightning.cli", "lit_llm.cli_commands")}  # the CLI's subcommand table sits above it
-KNOWN_CIRCLES = {"lit_llm.data.assistant_spans", "lit_llm.rollouts.envs.base"}
-KNOWN_PRIVATE = {("lit_llm.lightning.datamodules", "_Skipped"), ("lit_llm.rollouts.envs.tools", "_Renderer"),
-                 ("lit_llm.rollouts.envs.tools", "_resolve_template"),
-                 ("lit_llm.rollouts.episode_renderer", "_Renderer"),
-                 ("lit_llm.rollouts.episode_renderer", "_resolve_template"),
-                 ("lit_llm.rollouts.episode_renderer", "_free_chars")}
-KNOWN_LONG = {"lit_llm.policy.dists"}
 
 
 def modules() -> dict[str, Path]:
@@ -87,7 +77,7 @@ def graph() -> dict[str, list[tuple[str, list[str]]]]:
 
 def test_each_layer_imports_only_the_layers_above_it(graph):
     upward = [f"{a} imports {b}" for a, edges in graph.items() if a != "lit_llm"
-              for b, _ in edges if b != "lit_llm" and layer_of(b) > layer_of(a) and (a, b) not in KNOWN_UPWARD]
+              for b, _ in edges if b != "lit_llm" and layer_of(b) > layer_of(a)]
     assert not upward, f"imports from a lower layer: {upward}"
 
 
@@ -99,8 +89,6 @@ def test_no_import_circle(graph):
     def visit(node: str, stack: list[str]) -> None:
         state[node] = "open"
         for nxt in sorted(deps.get(node, ())):
-            if node in KNOWN_CIRCLES or nxt in KNOWN_CIRCLES:
-                continue
             if state.get(nxt) == "open":
                 circles.append(" -> ".join(stack[stack.index(nxt):] + [node, nxt]) if nxt in stack
                                else f"{node} -> {nxt}")
@@ -119,14 +107,13 @@ def test_no_private_name_of_another_package(graph):
         return module.rpartition(".")[0] if module.count(".") > 1 else module
 
     found = [f"{a} imports {n} from {b}" for a, edges in graph.items() for b, names in edges
-             for n in names if n.startswith("_") and not n.startswith("__") and package(a) != package(b)
-             and (a, n) not in KNOWN_PRIVATE]
+             for n in names if n.startswith("_") and not n.startswith("__") and package(a) != package(b)]
     assert not found, f"private names imported across packages: {found}"
 
 
 def test_no_module_over_500_lines():
     long = {name: n for name, path in modules().items()
-            if (n := len(path.read_text().splitlines())) > MAX_LINES and name not in KNOWN_LONG}
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
 
 

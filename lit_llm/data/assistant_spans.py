@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from lit_llm.data.errors import ChatTemplateError
 
 if TYPE_CHECKING:
-    from lit_llm.data.chat_template import Renderer as _Renderer
+    from lit_llm.data.renderer import Renderer
 
 __all__ = ["CONTINUATION_ANCHOR", "STOP_STRINGS", "assistant_spans", "free_chars", "render_continuation"]
 
@@ -32,7 +32,7 @@ STOP_STRINGS = (
 
 # ---------------------------------------------------------------------- assistant spans
 def _assistant_spans(
-    renderer: _Renderer, messages: list[dict], *, add_generation_prompt: bool = False, where: str = "the conversation"
+    renderer: Renderer, messages: list[dict], *, add_generation_prompt: bool = False, where: str = "the conversation"
 ) -> tuple[str, list[tuple[int, int]]]:
     """Render ``messages`` and return the character span ``[start, end)`` of each assistant turn in that render.
 
@@ -131,7 +131,7 @@ def _assistant_spans(
     return full, spans
 
 
-def _unrendered_content_span(renderer: _Renderer, messages: list[dict], i: int, full: str, prev_end: int,
+def _unrendered_content_span(renderer: Renderer, messages: list[dict], i: int, full: str, prev_end: int,
                              stops: tuple[str, ...], where: str, probe_user: str) -> tuple[int, int]:
     """The span of assistant turn ``i`` (with ``tool_calls``) whose content the template does not render (Llama-3.1
     writes only the call's JSON): the turn is what ``T(messages[:i+1])`` adds to the render before it, as far as
@@ -164,7 +164,7 @@ def _unrendered_content_span(renderer: _Renderer, messages: list[dict], i: int, 
 CONTINUATION_ANCHOR = ({"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."})
 
 
-def render_continuation(renderer: _Renderer, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+def render_continuation(renderer: Renderer, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
     """The text the template renders for ``messages`` appended after an assistant turn: everything after that turn's
     end-of-turn text (its stop token), through the generation prompt of the next turn (DESIGN.md property 9).
 
@@ -208,7 +208,7 @@ def render_continuation(renderer: _Renderer, messages: list[dict], *, add_genera
             f"messages."
         )
     # A template may silently drop a role it does not know (Phi-3.5 drops 'tool'): the model would never see it.
-    marks = _free_chars(renderer, conversation, len(messages))
+    marks = free_chars(renderer, conversation, len(messages))
     probe = renderer.render([*conversation[:2], *(dict(m, content=k) for m, k in zip(messages, marks))],
                             add_generation_prompt)
     dropped = [i for i, k in enumerate(marks) if k not in probe]
@@ -221,7 +221,7 @@ def render_continuation(renderer: _Renderer, messages: list[dict], *, add_genera
     return full[spans[0][1]:]
 
 
-def _span_start(renderer: _Renderer, messages: list[dict], i: int, full: str, prev_end: int, content_start: int,
+def _span_start(renderer: Renderer, messages: list[dict], i: int, full: str, prev_end: int, content_start: int,
                 where: str, probe_user: str) -> int:
     prompt = renderer.render(messages[:i], True, empty_ok=True)
     if prompt is not None and full.startswith(prompt) and prev_end <= len(prompt) <= content_start:
@@ -244,7 +244,7 @@ def _span_start(renderer: _Renderer, messages: list[dict], i: int, full: str, pr
     )
 
 
-def _check_prompt_not_interrupted(renderer: _Renderer, full: str, gen: str, k: int, start: int, content_start: int,
+def _check_prompt_not_interrupted(renderer: Renderer, full: str, gen: str, k: int, start: int, content_start: int,
                                   i: int, where: str) -> None:
     """Refuse a turn whose render splits the generation prompt ``gen`` with extra text.
 
@@ -281,14 +281,27 @@ def _check_prompt_not_interrupted(renderer: _Renderer, full: str, gen: str, k: i
     )
 
 
-def _markers(renderer: _Renderer, messages: list[dict]) -> tuple[str, str, str]:
+def _markers(renderer: Renderer, messages: list[dict]) -> tuple[str, str, str]:
     """Three private-use characters (never whitespace, never changed by Jinja filters) that occur nowhere in the
     conversation, the template or its variables: ``(start mark, end mark, probe user content)``."""
-    return _free_chars(renderer, messages, 3)
+    return free_chars(renderer, messages, 3)
 
 
-def _free_chars(renderer: _Renderer, messages: list[dict], n: int) -> tuple[str, ...]:
-    """``n`` private-use characters that occur nowhere in ``messages``, the template or its variables."""
+def free_chars(renderer: Renderer, messages: list[dict], n: int) -> tuple[str, ...]:
+    """``n`` private-use characters (U+E000 onwards) that occur nowhere in ``messages``, the template or its
+    variables (tools, documents, special tokens and template kwargs of ``renderer``).
+
+    Placeholders that survive a render unchanged and cannot be confused with the conversation: the assistant-span
+    markers here, the stand-ins of special tokens in :class:`lit_llm.rollouts.episode_renderer.EpisodeRenderer`.
+
+    Args:
+        renderer: the :class:`~lit_llm.data.renderer.Renderer` the characters will be rendered with.
+        messages: the conversation (nested values are searched too).
+        n: how many characters.
+
+    Returns:
+        ``n`` distinct characters, in increasing code point order.
+    """
     used: set[str] = set()
     stack: list[Any] = [renderer.template, messages, renderer.tools, renderer.documents, renderer.variables]
     while stack:
@@ -305,4 +318,3 @@ def _free_chars(renderer: _Renderer, messages: list[dict], n: int) -> tuple[str,
 
 
 assistant_spans = _assistant_spans
-free_chars = _free_chars

@@ -20,15 +20,9 @@ from typing import Any
 
 import torch
 
-from lit_llm.data.assistant_spans import (
-    CONTINUATION_ANCHOR,
-    STOP_STRINGS,
-    _assistant_spans,
-    _free_chars,
-    _markers,
-    render_continuation,
-)
+from lit_llm.data.assistant_spans import CONTINUATION_ANCHOR, STOP_STRINGS, render_continuation
 from lit_llm.data.errors import ChatTemplateError, TokenizerRequiredError, UnknownChatTemplateError
+from lit_llm.data.renderer import Renderer
 from lit_llm.data.template_registry import (
     CHAT_TEMPLATE_ALIASES,
     CHAT_TEMPLATE_FILES,
@@ -50,7 +44,7 @@ __all__ = [
 ]
 
 # Names other modules import (kept so they keep working).
-_ = (_assistant_spans, _free_chars, _markers, add_chat_template)
+_ = (add_chat_template,)
 
 
 def template_takes_tools(template: str) -> bool:
@@ -72,50 +66,6 @@ def template_takes_tools(template: str) -> bool:
     except TemplateSyntaxError as e:
         raise ChatTemplateError(f"chat template is not valid Jinja: {e}") from e
     return "tools" in meta.find_undeclared_variables(ast)
-
-
-# ---------------------------------------------------------------------- rendering helpers
-class Renderer:
-    """Renders message lists with one template exactly as transformers' ``apply_chat_template`` does."""
-
-    def __init__(self, tokenizer: Any, template: str, name: str, template_kwargs: dict[str, Any]):
-        import re
-
-        self.name = name
-        self.template = template
-        kwargs = dict(template_kwargs)
-        self.tools = kwargs.pop("tools", None)
-        self.documents = kwargs.pop("documents", None)
-        self.variables = {**tokenizer.special_tokens_map, **kwargs}
-        self.eos = getattr(tokenizer, "eos_token", None)
-        self.has_generation_markers = re.search(r"\{%-?\s*generation\s*-?%\}", template) is not None
-
-    def _call(self, messages: list[dict], add_generation_prompt: bool, with_indices: bool):
-        from jinja2.exceptions import TemplateError
-        from transformers.utils.chat_template_utils import render_jinja_template
-
-        try:
-            texts, indices = render_jinja_template(
-                conversations=[messages], tools=self.tools, documents=self.documents, chat_template=self.template,
-                return_assistant_tokens_mask=with_indices, add_generation_prompt=add_generation_prompt,
-                **self.variables,
-            )
-        except TemplateError as e:
-            raise ChatTemplateError(f"Chat template {self.name!r} raised: {e}") from e
-        return texts[0], (indices[0] if with_indices else None)
-
-    def render(self, messages: list[dict], add_generation_prompt: bool, *, empty_ok: bool = False) -> str | None:
-        """Render; with ``empty_ok``, a template failing on an (empty) prefix gives ``None``."""
-        try:
-            return self._call(messages, add_generation_prompt, False)[0]
-        except (ChatTemplateError, TypeError, IndexError, KeyError):
-            if empty_ok:
-                return None
-            raise
-
-    def render_with_generation_indices(self, messages: list[dict], add_generation_prompt: bool):
-        text, indices = self._call(messages, add_generation_prompt, True)
-        return text, [tuple(ix) for ix in indices]
 
 
 def _own_template(tokenizer: Any, tools: Any) -> str | None:
@@ -253,7 +203,3 @@ def _pad(outs: list[dict[str, torch.Tensor]], tokenizer: Any, padding_side: str 
             rows.append(torch.cat([fill, x] if side == "left" else [x, fill]))
         result[key] = torch.stack(rows)
     return result
-
-
-_Renderer = Renderer  # older private names (lit_llm.rollouts imports them)
-_resolve_template = resolve_template

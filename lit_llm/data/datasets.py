@@ -362,4 +362,3 @@ def collate(samples: Sequence[TokenizedExample], *, pad_token_id: int) -> dict[s
 
 _messages = to_messages  # the older private name
 _note_skip = note_skip
-_Skipped = Skipped  # the name the data modules import

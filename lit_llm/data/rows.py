@@ -26,9 +26,6 @@ class Skipped:
     first: list[tuple[str, str]] = field(default_factory=list)
 
 
-_Skipped = Skipped  # the name the data modules import
-
-
 def read_jsonl(path: str | os.PathLike, *, on_bad_row: Literal["raise", "skip"] = "raise",
                skipped: Skipped | None = None, option: str = "--data.path") -> list[tuple[int, dict[str, Any]]]:
     """Read a JSONL file into ``[(line_number, row), ...]`` (1-based line numbers; blank lines ignored).

@@ -28,7 +28,7 @@ Added to LightningCLI's own arguments:
   ``--wandb_project``, ``--wandb_name``, ``--wandb_tags``), all under ``trainer.default_root_dir``.
 
 Subcommands other than LightningCLI's are dispatched by :func:`main` before LightningCLI parses
-(:data:`lit_llm.cli_commands.EXTRA_COMMANDS`): ``export`` (HF folder) and ``plot`` (training-curve PNG,
+(:data:`lit_llm.cli_front.EXTRA_COMMANDS`): ``export`` (HF folder) and ``plot`` (training-curve PNG,
 :mod:`lit_llm.plot`); the console script (:func:`lit_llm.cli_entry.console_main`) answers ``lit-llm
 --help`` and their ``--help`` without importing torch, then runs :func:`run_console`.
 
@@ -56,8 +56,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import lit_llm.lightning.grpo  # noqa: F401  (registers GRPOModule among PolicyModule's subclasses: --model.help)
-from lit_llm.cli_commands import EXTRA_COMMANDS, PROG, answer_front, front
 from lit_llm.cli_errors import CLIConfigError, OneLineErrors, debug_enabled, explain_config_error
+from lit_llm.cli_front import EXTRA_COMMANDS, PROG, answer_front, front
 from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
 from lit_llm.lightning.module import PolicyModule, check_manual_optimization_options
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision

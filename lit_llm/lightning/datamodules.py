@@ -27,7 +27,6 @@ from lit_llm.data.datasets import (
     Example,
     RowFormat,
     TokenizedExample,
-    _Skipped,
     arithmetic_examples,
     collate,
     examples_from_rows,
@@ -35,6 +34,7 @@ from lit_llm.data.datasets import (
     tokenize_example,
 )
 from lit_llm.data.packing import collate_packed
+from lit_llm.data.rows import Skipped
 from lit_llm.objectives.sft import loss_mask
 
 __all__ = ["SYNTHETIC_FORMATS", "SFTDataModule", "StepBatchLoader", "calculator_examples", "deprecated_alias",
@@ -335,7 +335,7 @@ class SFTDataModule(LightningDataModule):
                               else module_attr(self, "tokenizer") or resolve_tokenizer(None))
         if self.train_samples or self.val_samples:
             return
-        skipped = _Skipped()
+        skipped = Skipped()
         if self.format == "arithmetic":
             train, val = arithmetic_examples(self.num_samples, self.eval_limit or 64, seed=self.seed,
                                              system_prompt=self.system_prompt)
@@ -394,7 +394,7 @@ class SFTDataModule(LightningDataModule):
                 f"{head!r} loss head has nothing to train on. Fix: set --model.loss generic (trains on every token), "
                 f"or give 'messages' / 'prompt' + 'completion' rows.")
 
-    def _tokenize(self, examples: list[Example], skipped: _Skipped, split: str) -> list[TokenizedExample]:
+    def _tokenize(self, examples: list[Example], skipped: Skipped, split: str) -> list[TokenizedExample]:
         out, head = [], self._head()
         template, template_kwargs = template_options(self)
         if self.tools is not None:

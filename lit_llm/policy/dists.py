@@ -6,14 +6,15 @@ masks, no forward pass) gives a ``[B, T]`` mask (a loss head, an explicit mask o
 gives :class:`~lit_llm.policy.masked_dist.ChunkedLLMMaskedCategorical` over hidden states (no ``[B, T, V]`` logits).
 :meth:`MaskedDistributionsMixin.head_mask` gives a head's mask without a forward pass, so training code counts a
 step's denominator before any backward (DESIGN.md property 6); the SFT head's prompt is a prefix of the full ids or
-an error (property 2) and its response ends at the stop token (properties 3 and 5).
+an error (property 2) and its response ends at the stop token (properties 3 and 5). The layout and its mask
+arithmetic live in :mod:`lit_llm.policy.dist_layout` (:class:`DistLayout` and :data:`COMPLETION_KEYS` re-exported).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -21,6 +22,7 @@ from tensordict import NestedKey, TensorDictBase
 from torch import Tensor
 
 from lit_llm.policy.batching import caller_context, in_context
+from lit_llm.policy.dist_layout import COMPLETION_KEYS, DistLayout, _last_run, _repad_index, _sequence_ids
 from lit_llm.policy.heads import HEADS, head_positions, scorable_positions
 from lit_llm.policy.rows import _dense, _key, _real_rows
 
@@ -426,63 +428,6 @@ class MaskedDistributionsMixin:
         return layout
 
 
-"""Loss heads of :meth:`LLMWrapperBase.head_mask` (and ``get_sft_dist`` / ``get_rlhf_dist`` / ``get_generic_dist``)."""
-
-COMPLETION_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "prompt_index")
-"""Top-level keys of the GRPO prompt/completion layout of :meth:`LLMWrapperBase.get_dist` (plus optional
-``loss_mask``)."""
-
-
-@dataclass
-class DistLayout:
-    """Where a log-prob version's distribution lives; built from the input without any forward pass.
-
-    Attributes:
-        tokens: ``[B, T]`` integer ids the distribution's positions refer to (``dist.tokens``).
-        attention_mask: ``[B, T]`` bool, real tokens (GRPO layout: ``completion_mask``).
-        assistant_mask: ``[B, T]`` bool in the same layout, or ``None`` when unknown.
-        source: the input (``[B]``-flattened for full sequences), for prompt lookups and ``mask_key``.
-        single: the input had batch shape ``[]``: the dist is over ``[T]`` (row 0).
-        completion: the GRPO layout's tensors (``COMPLETION_KEYS`` plus the effective ``loss_mask``), else ``None``.
-        position_ids: packed rows (:mod:`lit_llm.data.packing`): ``[B, T]`` long positions restarting at 0 for each
-            sequence of a row (0 at padding), else ``None``.
-    """
-
-    tokens: Tensor
-    attention_mask: Tensor
-    assistant_mask: Tensor | None
-    source: TensorDictBase
-    single: bool = False
-    completion: dict[str, Tensor] | None = None
-    position_ids: Tensor | None = None
-
-
-def _last_run(mask: Tensor, sequences: Tensor | None = None) -> Tensor:
-    """``[B, T]`` bool: the last contiguous run of True of each row (all False for a row without any); with
-    ``sequences`` (``[B, T]`` long ids of the packed sequences, see :func:`_sequence_ids`), of each sequence."""
-    pos = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
-    none = torch.full_like(pos, -1)
-    if sequences is None:
-        last = torch.where(mask, pos, none).amax(-1, keepdim=True)
-        start = torch.where(~mask & (pos < last), pos, none).amax(-1, keepdim=True) + 1
-        return mask & (pos >= start) & (pos <= last)
-    flat, n = sequences.flatten(), int(sequences.max()) + 1
-    per_seq = torch.full((n,), -1, dtype=pos.dtype, device=pos.device)
-    last = per_seq.scatter_reduce(0, flat, torch.where(mask, pos, none).flatten(), "amax")[flat].view_as(pos)
-    # the last masked-out position before that run, inside the same sequence (-1: the run starts the sequence)
-    start = per_seq.scatter_reduce(0, flat, torch.where(~mask & (pos < last), pos, none).flatten(), "amax")
-    start = start[flat].view_as(pos) + 1
-    return mask & (pos >= start) & (pos <= last)
-
-
-def _sequence_ids(position_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """``[B, T]`` long: a distinct id per packed sequence over the whole batch (a new one at each real token with
-    position 0, and at each row start); padding shares its neighbours' ids and is never masked in."""
-    starts = (attention_mask & (position_ids == 0)).long()
-    starts[:, 0] = 1
-    return starts.flatten().cumsum(0).view_as(starts) - 1
-
-
 def _check_dist_args(name: str, *, padding_side: str | None = None, tensordict_out: TensorDictBase | None = None,
                      logits_key: NestedKey = "logits", as_padded_tensor: bool | None = None,
                      as_nested_tensor: bool | None = None, padding_value: float | None = None,
@@ -510,14 +455,3 @@ def _check_dist_args(name: str, *, padding_side: str | None = None, tensordict_o
     if layout is not None and layout != torch.strided:
         refuse("layout", layout, "masked distributions are dense (torch.strided)")
     return padding_side
-
-
-def _repad_index(attention_mask: Tensor, side: str) -> Tensor:
-    """``[B, T]`` gather index moving each row's contiguous block of real tokens to ``side``."""
-    t = attention_mask.shape[-1]
-    pos = torch.arange(t, device=attention_mask.device).expand_as(attention_mask)
-    count = attention_mask.long().sum(-1, keepdim=True)
-    first = torch.where(attention_mask, pos, torch.full_like(pos, t)).amin(-1, keepdim=True)
-    first = torch.where(count > 0, first, torch.zeros_like(first))
-    start = torch.zeros_like(first) if side == "right" else t - count  # where the block goes
-    return (pos - start + first) % t

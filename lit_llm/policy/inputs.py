@@ -18,7 +18,7 @@ from torch import Tensor
 from lit_llm.data.containers import template_display_name
 from lit_llm.data.errors import check_prefix
 from lit_llm.policy.common import _flatten
-from lit_llm.policy.dists import DistLayout
+from lit_llm.policy.dist_layout import DistLayout
 from lit_llm.policy.generation import check_token_ids, pad_rows
 from lit_llm.policy.logprobs import check_packed_positions
 from lit_llm.policy.rows import _dense, _present, _real_rows, read_rows, read_strings

@@ -13,7 +13,7 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from torch import Tensor
 
 from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens
-from lit_llm.policy.dists import DistLayout
+from lit_llm.policy.dist_layout import DistLayout
 from lit_llm.policy.generation import pad_rows
 from lit_llm.policy.inputs import history_rows
 from lit_llm.policy.logprobs import completion_hidden_states, lm_head, model_token_log_probs, token_hidden_states

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from lit_llm.policy.sampling import splitmix64
-from lit_llm.rollouts.envs.base import call_with_timeout
+from lit_llm.rollouts.envs.timeout import call_with_timeout
 from lit_llm.rollouts.episode_renderer import EpisodeRenderer
 from lit_llm.rollouts.settings import DEFAULT_MAX_TURNS, DEFAULT_STEP_TIMEOUT, RolloutError
 from lit_llm.rollouts.trajectory import Segment, Trajectory

@@ -17,13 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_llm.data.chat_template import (
-    _free_chars,
-    _Renderer,
-    _resolve_template,
-    render_continuation,
-    template_takes_tools,
-)
+from lit_llm.data.assistant_spans import free_chars
+from lit_llm.data.chat_template import Renderer, render_continuation, resolve_template, template_takes_tools
 from lit_llm.data.history import History
 from lit_llm.data.validation import find_special_tokens
 from lit_llm.rollouts.envs.tools import prompt_with_tools, tool_schemas
@@ -50,10 +45,10 @@ class EpisodeRenderer:
                  tools_prompt: Callable[[list], str] | None = None) -> None:
         self.tokenizer, self.chat_template = tokenizer, chat_template
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.template, self.name = _resolve_template(tokenizer, chat_template, None)
+        self.template, self.name = resolve_template(tokenizer, chat_template, None)
         self.takes_tools = template_takes_tools(self.template)
         self.tools_prompt = tools_prompt
-        self._renderers: dict[str, _Renderer] = {}
+        self._renderers: dict[str, Renderer] = {}
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.RLock()  # fast tokenizers are not safe to call from concurrent threads
 
@@ -62,13 +57,13 @@ class EpisodeRenderer:
         schemas = tool_schemas(tools)
         return {**self.chat_template_kwargs, **({"tools": schemas} if schemas and self.takes_tools else {})}
 
-    def _renderer(self, tools: Sequence[Any] | None) -> _Renderer:
+    def _renderer(self, tools: Sequence[Any] | None) -> Renderer:
         kwargs = self._template_kwargs(tools)
         key = json.dumps(kwargs, sort_keys=True, default=repr)
         with self._lock:
             r = self._renderers.get(key)
             if r is None:
-                r = self._renderers[key] = _Renderer(self.tokenizer, self.template, self.name, kwargs)
+                r = self._renderers[key] = Renderer(self.tokenizer, self.template, self.name, kwargs)
             return r
 
     def prompt_messages(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None
@@ -116,7 +111,7 @@ class EpisodeRenderer:
                           key=lambda t: (-len(t), t))
         if not specials:
             return self._encode(render_continuation(renderer, msgs))
-        holders = _free_chars(renderer, msgs, len(specials))
+        holders = free_chars(renderer, msgs, len(specials))
         for m in msgs:
             for s, h in zip(specials, holders):
                 m["content"] = m["content"].replace(s, h)

@@ -1,6 +1,7 @@
 """The environment interface of multi-turn episodes (TorchRL ``ChatEnv``-like names: ``reset`` / ``step`` ->
-:class:`EnvStep`), what a subclass must still write (:func:`unimplemented_method`) and :func:`call_with_timeout`.
-Config entries become environments in :mod:`lit_llm.rollouts.envs.registry`.
+:class:`EnvStep`) and what a subclass must still write (:func:`unimplemented_method`); :func:`call_with_timeout` is
+re-exported (it lives in :mod:`lit_llm.rollouts.envs.timeout`, shared with the tools). Config entries become
+environments in :mod:`lit_llm.rollouts.envs.registry`.
 
 One :class:`Environment` instance serves ONE episode: the episode engine builds a fresh one per episode from the
 factory, calls :meth:`Environment.reset` with the dataset row, then alternates model turns and
@@ -10,10 +11,11 @@ factory, calls :meth:`Environment.reset` with the dataset row, then alternates m
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from lit_llm.rollouts.envs.timeout import call_with_timeout
 
 if TYPE_CHECKING:
     from lit_llm.rollouts.envs.tools import Tool
@@ -139,28 +141,3 @@ def unimplemented_method(env: Any) -> str | None:
     (:meth:`~lit_llm.rollouts.EpisodeEngine.check_environment`): a tiny model's turns may never end, so the
     environment may never be stepped before a real model trains."""
     return env._unwritten_method() if isinstance(env, Environment) else None
-
-
-def call_with_timeout(fn: Callable[[], Any], timeout: float | None,
-                      name: str) -> tuple[bool, Any, BaseException | None]:
-    """Run ``fn()`` on a daemon thread named ``name`` and wait at most ``timeout`` seconds (``None``: until it ends).
-
-    Returns:
-        ``(finished, value, error)``: ``finished`` is False when ``fn`` still runs after ``timeout`` (the thread is
-        abandoned: as a daemon it never blocks the caller nor the interpreter's exit, and its result is dropped);
-        otherwise ``value`` is what ``fn`` returned or ``error`` what it raised (anything, ``BaseException`` included).
-    """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["error"] = e
-
-    worker = threading.Thread(target=run, name=name, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        return False, None, None
-    return True, box.get("value"), box.get("error")

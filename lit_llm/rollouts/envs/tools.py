@@ -37,7 +37,7 @@ from lit_llm.data.tool_calls import (
     tool_schemas,
     validate_arguments,
 )
-from lit_llm.rollouts.envs.base import call_with_timeout
+from lit_llm.rollouts.envs.timeout import call_with_timeout
 
 __all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "Tool", "ToolCall", "ToolCallParseError", "ToolResult",
            "parse_tool_calls", "prompt_with_tools", "template_supports_tools", "tool_schemas", "tools_system_prompt",
@@ -290,7 +290,7 @@ def template_supports_tools(tokenizer: Any, chat_template: str | None = None, **
     Raises:
         lit_llm.data.errors.ChatTemplateError: the template cannot be resolved or raises on the probe.
     """
-    from lit_llm.data.chat_template import _Renderer, _resolve_template
+    from lit_llm.data.chat_template import Renderer, resolve_template
 
     def dummy(x: str) -> str:
         """A probe tool.
@@ -303,6 +303,6 @@ def template_supports_tools(tokenizer: Any, chat_template: str | None = None, **
     messages = [{"role": "user", "content": "Hi"}]
     renders = []
     for tools in (None, [Tool(dummy).schema]):
-        text, name = _resolve_template(tokenizer, chat_template, tools)
-        renders.append(_Renderer(tokenizer, text, name, {**template_kwargs, "tools": tools}).render(messages, True))
+        text, name = resolve_template(tokenizer, chat_template, tools)
+        renders.append(Renderer(tokenizer, text, name, {**template_kwargs, "tools": tools}).render(messages, True))
     return renders[0] != renders[1]
