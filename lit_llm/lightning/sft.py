@@ -130,7 +130,10 @@ class SFTModule(PolicyModule):
         ``(loss, stats)`` with detached sums (``loss``, ``nll_sum``, ``num_tokens``, ``entropy_sum``, ``hits`` and
         ``kl`` with a reference)."""
         inputs, head_mask = self.head(mb)
-        dist = self.versions.log_prob_version.get_dist(inputs, mask=head_mask)  # = get_<loss>_dist(inputs)
+        version = self.versions.log_prob_version
+        get_head_dist = {"sft": version.get_sft_dist, "rlhf": version.get_rlhf_dist,
+                         "generic": version.get_generic_dist}[self.loss]
+        dist = get_head_dist(inputs, head_mask=head_mask)  # the head's mask as counted: not computed again
         log_probs, entropy, hits = dist.log_prob_and_entropy(dist.tokens, return_hits=True)  # hits: ~free
         mask = dist.mask
         ref = None

@@ -165,14 +165,27 @@ class MaskedDistributionsMixin:
         return out[0] if layout.single else out
 
     def _head_dist(self, tensordict: TensorDictBase, head: str, name: str, *, padding_side: str | None = None,
-                   keys: dict[str, tuple[NestedKey | None, NestedKey]] | None = None, **kwargs: Any):
+                   keys: dict[str, tuple[NestedKey | None, NestedKey]] | None = None, head_mask: Tensor | None = None,
+                   **kwargs: Any):
         """One head's dist. ``keys``: ``arg name -> (given key, default key)``; a non-default key replaces the
-        layout's mask of that kind (see :meth:`_get_dist_with_prompt_mask`)."""
+        layout's mask of that kind (see :meth:`_get_dist_with_prompt_mask`). ``head_mask`` (lit_llm's extension of
+        every ``get_<head>_dist``): the mask :meth:`head_mask` returned for this same input and head, so a caller
+        that counted its step from it (a training module) does not have it computed twice; ``None``: computed here.
+
+        Raises:
+            ValueError: ``head_mask`` together with a mask key (the head's own mask is then not the one asked for),
+                or of the wrong shape.
+        """
         self._check_dist_version(name)
         side = _check_dist_args(name, padding_side=padding_side, **kwargs)
         layout = self._dist_layout(tensordict)
         keys = {arg: (key, default) for arg, (key, default) in (keys or {}).items()
                 if key is not None and _key(key) != _key(default)}
+        if head_mask is not None:
+            if keys:
+                raise ValueError(f"{name}: head_mask (the head's own mask, head_mask(td, {head!r})) cannot be combined "
+                                 f"with {sorted(keys)}; drop one.")
+            return self._make_dist(layout, self._explicit_mask(layout, head_mask, name, "head_mask"), side)
         restrict = None
         if "attention_mask_key" in keys:  # positions also restricted to the mask at that key
             restrict = self._mask_from_key(layout, keys["attention_mask_key"][0], name, "attention_mask_key")

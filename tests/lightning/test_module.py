@@ -66,6 +66,32 @@ def test_head_loss_matches_hand_computation(batch, head):
     assert int(stats["num_tokens"]) == int(mask.sum())
 
 
+@pytest.mark.parametrize("head", ["sft", "rlhf", "generic"])
+def test_head_mask_is_built_once_per_micro_batch(batch, head, monkeypatch):
+    """The step count and the loss read one head mask per micro-batch (SFTModule.head): the head's rule
+    (MaskedDistributionsMixin._head_mask) runs once, and get_<head>_dist with that mask is get_<head>_dist."""
+    from lit_llm.policy.dists import MaskedDistributionsMixin
+
+    module = SFTModule("tiny", loss=head)
+    version = module.versions.log_prob_version
+    with torch.no_grad():
+        expected = getattr(version, f"get_{head}_dist")(module.policy_inputs(batch))
+        calls = []
+        real = MaskedDistributionsMixin._head_mask
+        monkeypatch.setattr(MaskedDistributionsMixin, "_head_mask",
+                            lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+        loss, _ = module.micro_batch_loss(batch, module.step_denominator([batch]))
+    assert len(calls) == 1
+    inputs, mask = module.head(batch)
+    assert torch.equal(mask, expected.mask)
+    with torch.no_grad():
+        lp = expected.log_prob(expected.tokens)
+    torch.testing.assert_close(loss, -lp.sum() / mask.sum(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="head_mask .* cannot be combined"):
+        key = {"sft": "prompt_mask_key", "rlhf": "assistant_mask_key", "generic": "attention_mask_key"}[head]
+        getattr(version, f"get_{head}_dist")(inputs, head_mask=mask, **{key: "x"})
+
+
 def test_sft_and_rlhf_differ_only_on_multi_turn(batch):
     assert torch.equal(batch["response_mask"], batch["assistant_mask"])  # single-turn rows: same tokens
 
