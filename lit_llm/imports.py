@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["import_module", "load_file", "split_import_path"]
+__all__ = ["import_module", "load_file", "load_target", "split_import_path"]
 
 
 def split_import_path(text: str) -> tuple[str, str, bool]:
@@ -129,3 +129,16 @@ def load_file(path: str, spec: str, *, what: str = "file", error: type[Exception
         raise error(f"Running {what} {str(file)!r} of {spec!r} raised {type(e).__name__}: {e}. "
                     f"{hint}") from e
     return module
+
+
+def load_target(target: str, spec: str, is_file: bool, *, what: str, entry: str = "",
+                error: type[Exception] = ValueError) -> Any:
+    """The module ``target`` of a spec split by :func:`split_import_path`: :func:`load_file` for a path (``what``
+    then reads ``"<what> file"``), else :func:`import_module`.
+
+    Raises:
+        error: as :func:`load_file` / :func:`import_module`.
+    """
+    if is_file:
+        return load_file(target, spec, what=f"{what} file", error=error)
+    return import_module(target, spec, what=what, entry=entry, error=error)

@@ -248,12 +248,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  max_turns: int | None = None, max_tool_calling_iterations: int | None = None,
                  max_episode_tokens: int | None = None, tool_timeout: float | None = None,
                  env_reward_weight: float = 1.0, dynamic_sampling: bool = False, max_sampling_rounds: int = 3) -> None:
-        super().__init__(model, dtype=dtype, attn_implementation=attn_implementation, chat_template=chat_template,
-                         chat_template_kwargs=chat_template_kwargs, use_peft=use_peft, lora_r=lora_r,
-                         lora_alpha=lora_alpha, lora_dropout=lora_dropout, lora_target_modules=lora_target_modules,
-                         optimizer=optimizer, lr_scheduler=lr_scheduler, grad_clip=grad_clip,
-                         on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
-                         chunk_size=chunk_size)
+        super().__init__(**PolicyModule.options_of(locals()))
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.environment, self.env_factory = environment_factory(environment)
         if self.environment is not None:  # checkpoints hold an import path, not a class (resume loads weights_only)

@@ -18,7 +18,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_only
 
-from lit_llm.imports import import_module, load_file, split_import_path
+from lit_llm.imports import load_target, split_import_path
 from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS
 from lit_llm.objectives.grpo import GRPOObjective
 from lit_llm.rewards import RewardError, RewardFunctions
@@ -134,10 +134,7 @@ def _load_objective(spec: str) -> Any:
     if not target or not name:
         raise ValueError(f"GRPOModule: objective {spec!r} is not an import path; give 'my_loss:MyObjective' (a module "
                          f"importable or in the current directory) or 'path/to/my_loss.py:MyObjective'.")
-    if is_file:
-        module = load_file(target, spec, what="objective", error=ValueError)
-    else:
-        module = import_module(target, spec, what="objective", entry=" (model.objective)", error=ValueError)
+    module = load_target(target, spec, is_file, what="objective", entry=" (model.objective)", error=ValueError)
     if not hasattr(module, name):
         raise ValueError(f"GRPOModule: objective {spec!r}: module {target!r} has no {name!r}.")
     return getattr(module, name)

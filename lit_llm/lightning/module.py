@@ -21,6 +21,7 @@ pass, the chunked LM-head kernel on the masked positions only, no ``[B, T, V]`` 
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import time
 from contextlib import nullcontext
@@ -105,6 +106,14 @@ class PolicyModule(CheckpointHooks, LightningModule):
         self.register_buffer("skipped_steps", torch.zeros((), dtype=torch.long))
         self._step_start: float | None = None
         self._last_trim: dict[str, float] = {}  # perf_counter of the last host-memory release, per call site
+
+    @classmethod
+    def options_of(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """:class:`PolicyModule`'s own arguments (the model and optimisation options) picked from a subclass
+        ``__init__``'s ``locals()``: what the subclass passes on to ``super().__init__`` (the flat options stay typed
+        parameters of the subclass, as the CLI needs them)."""
+        names = [p for p in inspect.signature(PolicyModule.__init__).parameters if p != "self"]
+        return {name: values[name] for name in names}
 
     # ----------------------------------------------------------------------------------------------- optimizer
     def configure_optimizers(self) -> Any:

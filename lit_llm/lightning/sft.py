@@ -54,12 +54,7 @@ class SFTModule(PolicyModule):
                  lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
                  on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
                  chunk_size: int = 1024) -> None:
-        super().__init__(model, dtype=dtype, attn_implementation=attn_implementation, chat_template=chat_template,
-                         chat_template_kwargs=chat_template_kwargs, use_peft=use_peft, lora_r=lora_r,
-                         lora_alpha=lora_alpha, lora_dropout=lora_dropout, lora_target_modules=lora_target_modules,
-                         optimizer=optimizer, lr_scheduler=lr_scheduler, grad_clip=grad_clip,
-                         on_nonfinite=on_nonfinite, gradient_checkpointing=gradient_checkpointing,
-                         chunk_size=chunk_size)
+        super().__init__(**PolicyModule.options_of(locals()))
         if loss not in ("sft", "rlhf", "generic"):
             raise ValueError(f"SFTModule: loss must be 'sft', 'rlhf' or 'generic', got {loss!r}.")
         if normalization not in ("token", "sequence"):

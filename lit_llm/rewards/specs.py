@@ -9,7 +9,7 @@ import inspect
 import os
 import sys
 
-from lit_llm.imports import import_module, load_file, split_import_path
+from lit_llm.imports import load_target, split_import_path
 from lit_llm.rewards.answers import (
     arithmetic_answer_reward,
     concise_number_reward,
@@ -74,11 +74,8 @@ def resolve_reward(spec: RewardFn | str) -> RewardFn:
     if not target or not attr:
         raise RewardError(f"Reward function {spec!r} must look like 'module:function' or 'path/to/file.py:function' "
                           f"(or a built-in name: {sorted(builtins)}).")
-    if is_file:
-        module = load_file(target, spec, what="reward function file", error=RewardError)
-    else:
-        module = import_module(target, spec, what="reward function",
-                               entry=" (a reward_funcs / eval_reward_funcs entry)", error=RewardError)
+    module = load_target(target, spec, is_file, what="reward function",
+                         entry=" (a reward_funcs / eval_reward_funcs entry)", error=RewardError)
     if not hasattr(module, attr):
         where = f"file {target!r}" if is_file else f"module {target!r}"
         if module is sys.modules[__package__]:  # lit_llm.rewards itself
