@@ -62,9 +62,9 @@ class GenerateVersionMixin:
 
     def _sampling_seeds(self, td: TensorDictBase, n: int) -> list[int] | None:
         """``B * n`` seeds (b-major) from the input's ``"sampling_seed"``: ``row_seed(sampling_seed[b], k)`` of one
-        base per row (shape ``[B]``), or, with ``num_samples = n``, the seed of each sample as given (shape
-        ``[B, n]``: a caller that seeds every sample itself, e.g. GRPO's rollout engine); ``None`` when the input has
-        no such key.
+        base per row (shape ``[B]``), or, with ``num_samples = n``, ``row_seed(sampling_seed[b, k], 0)`` of one base
+        per sample (shape ``[B, n]``: a caller that seeds every sample itself, e.g. GRPO's rollout engine; the same
+        stream as that seed given for a row of its own); ``None`` when the input has no such key.
 
         Raises:
             ValueError: the entry is not one integer per row (shape ``[B]``) or per sample (``[B, n]``), integer
@@ -83,8 +83,8 @@ class GenerateVersionMixin:
                 f"{type(self).__name__}: {SAMPLING_SEED_KEY!r} must hold one integer seed per row (an int64 tensor of "
                 f"shape [{batch}], or a 0-d int64 entry per row; with num_samples={n}, or one per sample: [{batch}, "
                 f"{n}]), got {desc}. Store torch.tensor(seed) per row.")
-        if per_sample:
-            return [int(v) for v in value.reshape(-1).tolist()]
+        if per_sample:  # each given seed is the base of its own sample's stream, as a [B] seed is with n = 1
+            return [row_seed(base, 0) for base in value.reshape(-1).tolist()]
         return [row_seed(base, k) for base in value.tolist() for k in range(n)]
 
     def _generate(self, td: TensorDictBase) -> tuple[dict, int | None]:

@@ -223,7 +223,7 @@ class RolloutEngine:
         self.trainer_state_fn = trainer_state_fn
         self.pad_token_id = int(policy.generation_config.pad_token_id)
         self.max_new_tokens = int(policy.generation_config.max_new_tokens)
-        self._batched: dict[tuple, Any] = {}  # (rows, timeout, max rows) -> batching version of the policy
+        self._batched: dict[tuple, Any] = {}  # (rows, timeout, max rows, group size) -> batching version
         self._lock = threading.Lock()
         self.num_policy_calls = 0  # calls of the generate version (one per worker and rollout)
 
@@ -255,16 +255,19 @@ class RolloutEngine:
         return None if self.seed is None else mix_seed(self.seed, step, self.rank)
 
     def batched_policy(self, rows: int, *, timeout: float = ROLLOUT_BATCHING_TIMEOUT,
-                       max_batch_size: int | None = None) -> Any:
-        """The version of :attr:`group_policy` (``num_samples = num_generations``) whose batcher runs once ``rows``
-        prompt rows are queued, or once the oldest queued row has waited ``timeout`` seconds, at most
-        ``max_batch_size`` rows per forward (built once per setting)."""
-        key = (rows, float(timeout), max_batch_size)
+                       max_batch_size: int | None = None, group_size: int | None = None) -> Any:
+        """The version of :attr:`policy` whose batcher runs once ``rows`` rows are queued, or once the oldest queued
+        row has waited ``timeout`` seconds, at most ``max_batch_size`` rows per forward, with ``group_size`` samples
+        per row (TorchRL's ``num_samples``; ``None``: one) (built once per setting).
+
+        Rows are the callers' rows before ``num_samples``: :meth:`generate` queues each prompt once with
+        ``group_size = num_generations``; episodes queue one row per turn."""
+        key = (rows, float(timeout), max_batch_size, group_size)
         with self._lock:
             version = self._batched.get(key)
             if version is None:
-                version = self.group_policy.get_new_version(batching=True, min_batch_size=rows,
-                                                            max_batch_size=max_batch_size, batching_timeout=timeout)
+                version = self.policy.get_new_version(batching=True, min_batch_size=rows, num_samples=group_size,
+                                                      max_batch_size=max_batch_size, batching_timeout=timeout)
                 self._batched[key] = version
             return version
 
@@ -294,7 +297,7 @@ class RolloutEngine:
         if not self.batching:
             self.num_policy_calls += 1
             return policy_responses(self.group_policy, prompts, seeds=grouped)
-        policy = self.batched_policy(n_prompts)
+        policy = self.batched_policy(n_prompts, group_size=g)
         bounds = [round(i * n_prompts / k) for i in range(k)] + [n_prompts]
         device_type = policy.device.type
         context = caller_context(device_type)  # grad mode and autocast are thread-local: the workers take ours

@@ -86,8 +86,8 @@ class DDPProbe(Callback):
                 engine.policy.generation_config = dataclasses.replace(cfg, eos_token_ids=eos)
                 batched_policy = engine.batched_policy
 
-                def skewed(rows: int) -> Any:  # the batcher's version of the generate version stops alike
-                    version = batched_policy(rows)
+                def skewed(rows: int, **kw: Any) -> Any:  # the batcher's version of the generate version stops alike
+                    version = batched_policy(rows, **kw)
                     version.generation_config = dataclasses.replace(version.generation_config, eos_token_ids=eos)
                     return version
 

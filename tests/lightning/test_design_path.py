@@ -107,7 +107,7 @@ def test_grpo_fit_rollouts_through_the_batcher_and_bit_reproducible(tmp_path, co
     engine = modules[0].engine
     # configs/grpo_tiny.yaml: 4 prompts x 4 generations, batching on, one worker per prompt group
     assert engine.batching and engine.num_workers is None
-    state = engine.batched_policy(4).get_batching_state()  # the batcher's rows: each prompt once (num_samples 4)
+    state = engine.batched_policy(4, group_size=4).get_batching_state()  # rows: each prompt once, 4 samples each
     assert state["batches_run"] == 3 and state["rows_run"] == 12  # one shared forward batch per rollout
     assert engine.num_policy_calls == 3 * 4  # 4 workers per rollout
     assert counters["batched_generate_calls"] == 2 * 3 * 4  # both runs: every worker call went through the batcher

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+import lit_llm.policy.generate_version as generate_version
 from lit_llm.data.prompts import tokenize_prompts
 from lit_llm.policy.generation import pad_rows
 from lit_llm.policy.logprobs import model_token_log_probs
@@ -143,7 +144,7 @@ def test_batcher_workers_are_bit_identical_to_one_call(tiny, tokenizer):
     direct = make_engine(tiny, tokenizer, batching=False).rollout(PROMPTS, step=2)
     engine = make_engine(tiny, tokenizer, batching=True)
     runs = [engine.rollout(PROMPTS, step=2) for _ in range(2)]
-    version = engine.batched_policy(3)  # the batcher counts prompt rows: each prompt once, with the group size
+    version = engine.batched_policy(3, group_size=4)  # the batcher's rows: each prompt once, with its group size
     state = version.get_batching_state()
     assert state["batching_enabled"] and state["batches_run"] == 2 and state["rows_run"] == 6
     assert engine.num_policy_calls == 6  # 3 workers (one per group) x 2 rollouts
@@ -203,7 +204,7 @@ def test_fewer_workers_than_groups(tiny, tokenizer):
     engine = make_engine(tiny, tokenizer, batching=True, num_workers=2)
     rb = engine.rollout(PROMPTS, step=1)
     assert engine.num_policy_calls == 2 and _same(rb, make_engine(tiny, tokenizer).rollout(PROMPTS, step=1))
-    engine.batched_policy(12).cleanup_batching(flush=True)
+    engine.batched_policy(3, group_size=4).cleanup_batching(flush=True)
 
 
 def _batches(k):
@@ -261,3 +262,23 @@ def test_async_producer_error_and_close(tiny, tokenizer):
     assert ok.num_produced < 50
     with pytest.raises(RolloutError, match="max_staleness must be >= 0"):
         AsyncRollouts(ok.engine, [], max_staleness=-1)
+
+
+def test_episode_turns_sample_once_each(tiny, tokenizer, monkeypatch):
+    """Episodes share the engine's batcher but queue one row per turn: every generation call of an episode rollout
+    samples one response per row (``num_samples`` is the single-turn rollouts' grouping only)."""
+    from lit_llm.rollouts import EpisodeEngine
+    from lit_llm.rollouts.envs import GuessNumberEnv
+
+    calls = []
+    real = generate_version.generate_tokens
+
+    def spy(model, prompts, config, **kw):
+        calls.append(kw.get("num_samples"))
+        return real(model, prompts, config, **kw)
+
+    monkeypatch.setattr(generate_version, "generate_tokens", spy)
+    policy = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="tokens", generate_kwargs={"max_new_tokens": 3})
+    engine = EpisodeEngine(policy, tokenizer=tokenizer, env_factory=GuessNumberEnv, num_generations=2, max_turns=2)
+    rb = engine.rollout({"prompt": ["Guess!"], "secret": [50], "sample_id": ["g"]}, step=0)
+    assert rb.num_rows == 2 and calls and set(calls) == {1}
