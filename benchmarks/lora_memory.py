@@ -53,7 +53,7 @@ def worker(args: argparse.Namespace) -> dict:
     opt = partial(torch.optim.AdamW, lr=1e-5)
     if args.recipe == "sft":
         from lit_llm.lightning.datamodules import SFTDataModule
-        from lit_llm.lightning.module import SFTModule
+        from lit_llm.lightning.sft import SFTModule
 
         module = SFTModule(args.model, optimizer=opt, token_accuracy=False, **lora)
         data = (SFTDataModule(str(GSM8K), format="gsm8k", limit=args.batch * (args.warmup + args.steps),

@@ -1,8 +1,9 @@
 """Loading the user's code a config names: ``"package.module:name"`` (a module importable as is, else from the
 current directory, as ``python -m`` would import it) or ``"path/to/file.py:name"`` (a Python file). The loader behind
-reward-function specs (:func:`lit_llm.rewards.resolve_reward`) and environment specs
-(:func:`lit_llm.rollouts.envs.resolve_environment`); its errors name the spec, what was tried and the fix, in the
-words of the caller (``what``) and as the caller's error class (``error``).
+reward-function specs (:func:`lit_llm.rewards.resolve_reward`), environment specs
+(:func:`lit_llm.rollouts.envs.resolve_environment`) and a user's objective (``model.objective``); its errors name
+the spec, what was tried and the fix, in the words of the caller (``what``) and as the caller's error class
+(``error``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from lit_llm.lightning.grpo_data import BUILTIN_TASKS, ENVIRONMENT_TASKS
 from lit_llm.rollouts.envs import EnvironmentSpecError, builtin_environment_name, resolve_environment
 
 __all__ = ["EnvironmentConfig", "EnvironmentSpec", "check_environment_task", "environment_factory",
-           "environment_hparam", "environment_unresolved"]
+           "environment_hparam", "environment_unresolved", "user_code_unresolved"]
 
 #: An environment spec (:func:`~lit_llm.rollouts.envs.resolve_environment`): a built-in name, an import path, a
 #: ``{"class_path": ..., "init_args": {...}}`` dict (or, in Python, a class or factory).
@@ -72,8 +72,8 @@ _ENVIRONMENT_UNRESOLVED: contextvars.ContextVar[bool] = contextvars.ContextVar("
 
 @contextlib.contextmanager
 def environment_unresolved() -> Iterator[None]:
-    """Within this context, :class:`GRPOModule` keeps its ``environment`` spec without importing it: what loading a
-    checkpoint for its weights alone needs (``lit-llm export``, ``chat``, ``evaluate``; see
+    """Within this context, :class:`GRPOModule` keeps its ``environment`` spec (and its ``objective``) without
+    importing it: what loading a checkpoint for its weights alone needs (``lit-llm export``, ``chat``, ``evaluate``; see
     :func:`lit_llm.lightning.export.load_checkpoint_module`), from a folder where the environment's module is not
     importable. The module's ``env_factory`` then raises ``RuntimeError`` when called (episodes need the
     environment), and ``hparams["environment"]`` stays as saved."""
@@ -82,6 +82,13 @@ def environment_unresolved() -> Iterator[None]:
         yield
     finally:
         _ENVIRONMENT_UNRESOLVED.reset(token)
+
+
+def user_code_unresolved() -> bool:
+    """Whether the module is being built inside :func:`environment_unresolved` (weights-only loading): then neither
+    the ``environment`` nor a user's ``objective`` (:func:`~lit_llm.lightning.grpo_options.build_objective` falls
+    back to the built-in objective) is imported."""
+    return _ENVIRONMENT_UNRESOLVED.get()
 
 
 def _unresolved_factory(spec: Any) -> Callable[[], Any]:

@@ -15,7 +15,13 @@ from torch import Tensor
 from lit_llm.lightning.episode_metrics import episode_columns, episode_metrics, episode_sample_table, episode_times
 from lit_llm.rollouts import RolloutBatch
 
-__all__ = ["GRPOStepStats", "rollout_metrics", "sample_table"]
+__all__ = ["REQUIRED_METRICS", "GRPOStepStats", "rollout_metrics", "sample_table"]
+
+#: The keys of :func:`~lit_llm.objectives.grpo_loss`'s metrics the step statistics read (a user's objective keeps
+#: them by returning ``super().__call__(...)``'s metrics with its loss).
+REQUIRED_METRICS = ("loss", "num_tokens", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+                    "ratio_mean", "ratio_min", "ratio_max", "entropy", "mismatch/kl", "mismatch/num_tokens",
+                    "mismatch/ratio_min", "mismatch/ratio_max")
 
 
 class GRPOStepStats:
@@ -37,7 +43,17 @@ class GRPOStepStats:
     def add(self, m: dict[str, Tensor], real_tokens: Tensor) -> dict[str, Tensor]:
         """The detached sums one micro-batch adds to its step's totals, from the objective's metrics ``m``
         (:func:`~lit_llm.objectives.grpo_loss`'s keys) and its ``real_tokens`` (prompt + completion tokens); this
-        rank's ratio ranges are updated on the way."""
+        rank's ratio ranges are updated on the way.
+
+        Raises:
+            ValueError: ``m`` lacks a key of :data:`REQUIRED_METRICS` (a user's objective that returned its own
+                metrics), naming them and the fix.
+        """
+        missing = [k for k in REQUIRED_METRICS if k not in m]
+        if missing:
+            raise ValueError(f"GRPOModule: the objective's metrics lack {missing} (the step's statistics read "
+                             f"grpo_loss's metrics); return super().__call__(...)'s metrics with your loss, or add "
+                             f"these keys.")
         n, n0 = m["num_tokens"], m["mismatch/num_tokens"]
         stats = {"loss": m["loss"], "num_tokens": n, "num_real_tokens": real_tokens,
                  "clip_low": m["clip_ratio/low_mean"] * n, "clip_high": m["clip_ratio/high_mean"] * n,

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_llm.imports import load_target, split_import_path
+from lit_llm.lightning.environment_option import user_code_unresolved
 from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS
 from lit_llm.objectives.grpo import GRPOObjective
+from lit_llm.objectives.loss_types import Cispo
 from lit_llm.rewards import RewardError, RewardFunctions
 from lit_llm.rollouts.settings import EpisodeSettings
 
@@ -134,7 +135,8 @@ def _load_objective(spec: str) -> Any:
     if not target or not name:
         raise ValueError(f"GRPOModule: objective {spec!r} is not an import path; give 'my_loss:MyObjective' (a module "
                          f"importable or in the current directory) or 'path/to/my_loss.py:MyObjective'.")
-    module = load_target(target, spec, is_file, what="objective", entry=" (model.objective)", error=ValueError)
+    module = load_target(target, spec, is_file, what="objective", entry=" (model.init_args.objective)",
+                         error=ValueError)
     if not hasattr(module, name):
         raise ValueError(f"GRPOModule: objective {spec!r}: module {target!r} has no {name!r}.")
     return getattr(module, name)
@@ -162,11 +164,9 @@ def build_objective(objective: str | None, *, loss_type: str | None, with_enviro
             that does not import or is not a :class:`GRPOObjective` subclass; invalid knobs; ``dr_grpo`` without a
             completion length.
     """
-    if loss_type == "dr_grpo" and with_environment and knobs.get("max_completion_length") is None:
-        raise ValueError("GRPOModule: loss_type='dr_grpo' divides by a constant completion length, which with an "
-                         "environment is max_episode_tokens (the budget of an episode's completion, sampled + "
-                         "environment ids); set max_episode_tokens, or choose another loss_type.")
     cls: type[GRPOObjective] = GRPOObjective
+    if objective is not None and user_code_unresolved():  # weights only (export, chat): the built-in objective
+        objective = None
     if objective is not None:
         cls = _load_objective(objective)
         if not (isinstance(cls, type) and issubclass(cls, GRPOObjective)):
@@ -180,8 +180,11 @@ def build_objective(objective: str | None, *, loss_type: str | None, with_enviro
                              f"the objective's, or set the objective's loss_type field to {loss_type!r}.")
         loss_type = own
     loss_type = loss_type or "dapo"
-    if rank_zero_only.rank != 0:  # the loss type's warnings (cispo's cap), once per run
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return cls(loss_type=loss_type, **knobs)
+    if loss_type == "dr_grpo" and with_environment and knobs.get("max_completion_length") is None:
+        raise ValueError("GRPOModule: loss_type='dr_grpo' divides by a constant completion length, which with an "
+                         "environment is max_episode_tokens (the budget of an episode's completion, sampled + "
+                         "environment ids); set max_episode_tokens, or choose another loss_type.")
+    if loss_type == "cispo" and (advice := Cispo.advice(knobs.get("epsilon_high"))):
+        rank_zero_warn(f"GRPOModule: {advice}")
+    return cls(loss_type=loss_type, **knobs)
     return cls(loss_type=loss_type, **knobs)

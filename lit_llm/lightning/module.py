@@ -1,5 +1,5 @@
-"""LightningModules: the shared policy/optimizer plumbing (:class:`PolicyModule`) and supervised fine-tuning
-(:class:`SFTModule`).
+"""The shared policy/optimizer plumbing of the training modules (:class:`PolicyModule`; its subclasses are
+:class:`~lit_llm.lightning.sft.SFTModule` and :class:`~lit_llm.lightning.grpo.GRPOModule`).
 
 Optimisation is **manual** (``automatic_optimization = False``): one training batch is one optimizer step made of
 micro-batches (see :mod:`lit_llm.lightning.datamodules`). The step's denominator (trained tokens, or sequences) is

@@ -308,8 +308,9 @@ class GRPOObjective:
 
     It is also the protocol of a user's objective (``model.objective: my_loss:MyObjective``): subclass it (a frozen
     dataclass; extra fields need defaults) and override :meth:`__call__` (the loss of a micro-batch and its metrics,
-    which must keep :func:`grpo_loss`'s keys: the module logs them) and/or :meth:`local_count` (the step count); the
-    class's ``loss_type`` default says which denominator it uses.
+    which must keep :func:`grpo_loss`'s keys: the module logs them, :data:`~lit_llm.lightning.grpo_metrics.
+    REQUIRED_METRICS`; returning ``super().__call__(...)``'s metrics with your loss keeps them) and/or
+    :meth:`local_count` (the step count); the class's ``loss_type`` default says which denominator it uses.
 
     Usage for one optimizer step over micro-batches ``mb_1..mb_k`` on ``W`` ranks::
 
@@ -356,14 +357,14 @@ class GRPOObjective:
         rule = _check_loss_settings(self.loss_type, self.importance_sampling_level, self.epsilon, self.epsilon_high,
                                     self.beta, self.entropy_coef)
         rule.check(epsilon_high=self.epsilon_high, max_completion_length=self.max_completion_length)
+        check_rollout_correction(self.rollout_correction, self.rollout_correction_clip_max,
+                                 self.rollout_correction_clip_min)
         object.__setattr__(self, "_rule", rule)
 
     @property
     def rule(self) -> LossType:
         """The :mod:`~lit_llm.objectives.loss_types` strategy of :attr:`loss_type`."""
         return self._rule
-        check_rollout_correction(self.rollout_correction, self.rollout_correction_clip_max,
-                                 self.rollout_correction_clip_min)
 
     def loss_tokens(self, loss_mask: Tensor, truncated: Tensor | None = None, old_log_probs: Tensor | None = None,
                     rollout_log_probs: Tensor | None = None) -> Tensor:

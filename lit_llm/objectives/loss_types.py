@@ -5,8 +5,8 @@ A loss type decides three things (TRL ``GRPOTrainer._compute_loss``, with the pa
 * its **policy term** per token (the PPO-style clipped surrogate, or CISPO's clipped importance-weighted REINFORCE);
 * its **step count** (:attr:`LossType.counts`: the loss tokens of the optimizer step, or its sequences, or nothing
   for ``bnpo``, which is a local mean by definition) and how the summed per-token loss is divided by it;
-* its **settings rules** (``cispo`` needs ``epsilon_high`` and warns when it is <= 1, a cap below the on-policy
-  weight; ``dr_grpo`` needs ``max_completion_length``).
+* its **settings rules** (``cispo`` needs ``epsilon_high``, and :meth:`Cispo.advice` words the warning for a cap
+  <= 1; ``dr_grpo`` needs ``max_completion_length``).
 
 :func:`get_loss_type` returns the strategy of a name; :data:`LOSS_TYPE_CLASSES` lists them. Per-token tensors are
 ``[B, T]`` (rows = completions); masks are bool.
@@ -14,7 +14,6 @@ A loss type decides three things (TRL ``GRPOTrainer._compute_loss``, with the pa
 
 from __future__ import annotations
 
-import warnings
 from typing import ClassVar, Literal
 
 import torch
@@ -116,11 +115,17 @@ class Cispo(LossType):
             raise ValueError(f"loss_type='cispo' needs epsilon_high > 0: it is CISPO's eps_max, the cap of the "
                              f"importance weight min(ratio, epsilon_high) (TRL; ScaleRL uses 4-5), got "
                              f"{epsilon_high!r}; set epsilon_high, e.g. 5.0.")
-        if epsilon_high <= 1:
-            warnings.warn(f"loss_type='cispo' with epsilon_high={epsilon_high}: CISPO's epsilon_high is an absolute "
-                          f"cap on the importance-sampling weight (TRL's semantics, ScaleRL's eps_max), not a clip "
-                          f"width, so every token's weight is capped at {epsilon_high} (below the on-policy weight "
-                          f"1). Set epsilon_high above 1, e.g. 5.0 (TRL's recommended value for cispo).", stacklevel=3)
+
+    @staticmethod
+    def advice(epsilon_high: float | None) -> str | None:
+        """What to say about a legal but likely mistaken cap (``0 < epsilon_high <= 1``: below the on-policy weight
+        1, a clip width read as a cap), or ``None``."""
+        if epsilon_high is None or not 0 < epsilon_high <= 1:
+            return None
+        return (f"loss_type='cispo' with epsilon_high={epsilon_high}: CISPO's epsilon_high is an absolute cap on the "
+                f"importance-sampling weight (TRL's semantics, ScaleRL's eps_max), not a clip width, so every token's "
+                f"weight is capped at {epsilon_high} (below the on-policy weight 1). Set epsilon_high above 1, e.g. "
+                f"5.0 (TRL's recommended value for cispo).")
 
     def policy_term(self, ratio: Tensor, adv: Tensor, log_probs: Tensor, mask: Tensor, eps_low: float,
                     eps_high: float) -> tuple[Tensor, Tensor, Tensor]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lit_llm.objectives.advantages import check_advantage_settings
+from lit_llm.policy.generation_config import validate_generate_kwargs
 
 __all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "EPISODE_BATCHING_TIMEOUT", "EpisodeSettings",
            "RolloutError", "RolloutSettings", "check_count"]
@@ -100,8 +101,8 @@ class RolloutSettings:
     scale_rewards: Literal["group", "batch", "none"] = "group"
     advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus"] = "grpo"
     seed: int | None = 0
-    chat_template: Any = None
-    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    chat_template: Any = field(default=None, hash=False)
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
     batching: bool = True
     num_workers: int | None = None
     rollout_mode: Literal["sync", "async"] = "sync"
@@ -120,8 +121,15 @@ class RolloutSettings:
         check_count("max_staleness", self.max_staleness, 0)
         check_count("max_sampling_rounds", self.max_sampling_rounds, 1)
         check_count("rollout_workers", self.num_workers, 1, optional=True)
-        if not self.temperature > 0:
-            raise RolloutError(f"temperature must be > 0 (GRPO samples), got {self.temperature}.")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not t > 0:
+            raise RolloutError(f"temperature must be > 0 and finite (GRPO samples), got {self.temperature}.")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise RolloutError(f"rollout_seed must be an integer or null (the global RNG), got {self.seed!r}.")
+        try:  # the generate version's own rules on the sampling settings (top_p in (0, 1], top_k >= 1, ...)
+            validate_generate_kwargs(self.generate_kwargs())
+        except ValueError as e:
+            raise RolloutError(str(e)) from e
         if self.rollout_mode not in ("sync", "async"):
             raise RolloutError(f"rollout_mode must be 'sync' or 'async', got {self.rollout_mode!r}.")
         if not isinstance(self.dynamic_sampling, bool):

@@ -104,3 +104,38 @@ def test_cli_objective_from_a_file_in_the_working_directory(user_loss):
     assert len((user_loss / "calls.txt").read_text()) >= 2  # every micro-batch of both steps
     assert torch.load(user_loss / "run/checkpoints/last.ckpt", weights_only=False)["hyper_parameters"][
         "objective"] == "my_grpo_loss:DoubledObjective"
+
+
+def test_objective_settings_are_checked_at_construction():
+    """The rollout-correction settings are the objective's own rules, checked when it is built (not at the first
+    step)."""
+    with pytest.raises(ValueError, match="rollout_correction"):
+        GRPOObjective(rollout_correction="bogus")
+    with pytest.raises(ValueError):
+        GRPOObjective(rollout_correction="token_truncate", rollout_correction_clip_max=-5.0)
+
+
+def test_objective_metrics_without_grpo_loss_keys_are_named(user_loss):
+    (user_loss / "plain_loss.py").write_text(textwrap.dedent('''
+        from dataclasses import dataclass
+        from lit_llm.objectives import GRPOObjective
+
+        @dataclass(frozen=True)
+        class Plain(GRPOObjective):
+            def __call__(self, *args, **kwargs):
+                loss, _ = super().__call__(*args, **kwargs)
+                return loss, {"loss": loss.detach()}
+    '''))
+    with pytest.raises(ValueError, match=r"GRPOModule: the objective's metrics lack \['num_tokens'"):
+        fit(1, objective="plain_loss:Plain")
+
+
+def test_weights_only_loading_skips_the_users_objective(user_loss, tmp_path_factory, monkeypatch):
+    """Inside environment_unresolved (lit-llm export / chat / evaluate load a checkpoint for its weights), a user's
+    objective is not imported: a checkpoint exports from a folder where its file is not."""
+    from lit_llm.lightning.grpo import environment_unresolved
+
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    with environment_unresolved():
+        module = GRPOModule("tiny", num_generations=2, objective="my_grpo_loss:SequenceObjective")
+    assert type(module.objective) is GRPOObjective and module.hparams["objective"] == "my_grpo_loss:SequenceObjective"
