@@ -427,7 +427,6 @@ class GRPOObjective:
             entropy_coef=self.entropy_coef, rollout_log_probs=rollout_log_probs,
             rollout_correction=self.rollout_correction, rollout_correction_clip_max=self.rollout_correction_clip_max,
             rollout_correction_clip_min=self.rollout_correction_clip_min, **counts)
-        if self.rule.counts == "local":  # bnpo: a local mean, averaged over the step's micro-batches and ranks
-            loss = self.rule.rescale(loss, num_micro_batches, world_size)
-            metrics["loss"] = loss.detach().float()
+        loss = self.rule.rescale(loss, num_micro_batches, world_size)  # bnpo: its share of the step's mean
+        metrics["loss"] = loss.detach().float()
         return loss, metrics
