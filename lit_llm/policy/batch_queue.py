@@ -126,12 +126,12 @@ class _Batcher:
     """Queue + worker thread shared by one wrapper (or by several versions when asked).
 
     Args:
-        min_batch_size: rows that trigger a batch (>= 1).
+        min_batch_size: rows that trigger a batch (>= 1; ``None``: one row, as TorchRL reads an unset size).
         max_batch_size: most rows per call of the function (``None``: no limit).
         timeout: seconds a row may wait before it runs with whatever is queued (> 0, finite).
     """
 
-    def __init__(self, min_batch_size: int, max_batch_size: int | None, timeout: float) -> None:
+    def __init__(self, min_batch_size: int | None, max_batch_size: int | None, timeout: float) -> None:
         self.min_batch_size, self.max_batch_size, self.timeout = min_batch_size, max_batch_size, timeout
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[tuple[_Request, int]] = []  # (request, row index), FIFO
@@ -206,7 +206,7 @@ class _Batcher:
             else:
                 groups.append([item])
         for g in groups:  # FIFO: groups are ordered by their oldest row
-            if self._stop or g[0][0].solo or len(g) >= self.min_batch_size or g[0][0].deadline <= now:
+            if self._stop or g[0][0].solo or len(g) >= (self.min_batch_size or 1) or g[0][0].deadline <= now:
                 if any(r.order is not None for r, _ in g):  # (order, arrival, row); unordered rows last, FIFO
                     g = sorted(g, key=_row_rank)
                 batch = g if g[0][0].solo else g[: self.max_batch_size]

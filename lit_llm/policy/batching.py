@@ -97,7 +97,10 @@ class BatchingMixin:
         Args:
             batching: ``True``/``False`` turns batching on/off; ``None`` turns it on iff ``min_batch_size`` or
                 ``max_batch_size`` is given.
-            min_batch_size: rows that trigger a shared forward pass (default 1 when batching).
+            min_batch_size: rows that trigger a shared forward pass. ``None`` with ``batching=True`` is stored as
+                ``1`` (TorchRL's rule); ``None`` with only ``max_batch_size`` given stays ``None`` (as TorchRL keeps
+                it, and reports it in :meth:`get_batching_state`) and batches from one row, TorchRL's documented
+                meaning.
             max_batch_size: most rows per forward pass (default ``None``: no limit). Must be >= ``min_batch_size``.
             batching_timeout: seconds (float > 0, finite) a row waits for ``min_batch_size`` rows before it runs
                 with whatever is queued.
@@ -116,6 +119,8 @@ class BatchingMixin:
         if (isinstance(batching_timeout, bool) or not isinstance(batching_timeout, (int, float))
                 or not math.isfinite(batching_timeout) or batching_timeout <= 0):
             raise ValueError(f"batching_timeout must be a positive finite number of seconds, got {batching_timeout!r}.")
+        if batching and min_batch_size is None:
+            min_batch_size = 1  # TorchRL: batching=True alone batches from one row (stored as 1)
         if batching is None:
             batching = min_batch_size is not None or max_batch_size is not None
         self._min_batch_size, self._max_batch_size = min_batch_size, max_batch_size
@@ -124,7 +129,7 @@ class BatchingMixin:
         self.batching = bool(batching)
 
     def _new_batcher(self) -> _Batcher:
-        batcher = _Batcher(self._min_batch_size or 1, self._max_batch_size, self._batching_timeout)
+        batcher = _Batcher(self._min_batch_size, self._max_batch_size, self._batching_timeout)
         # Garbage collection of the wrapper lets the worker exit once idle (never joins: may run on any thread).
         self._batching_finalizer = weakref.finalize(self, batcher.shutdown, flush=True, wait=False)
         return batcher
@@ -154,8 +159,10 @@ class BatchingMixin:
         if not self.batching:
             return dict(batching=None, min_batch_size=None, max_batch_size=None,
                         batching_timeout=self._batching_timeout)
-        return dict(batching=True, min_batch_size=self._min_batch_size, max_batch_size=self._max_batch_size,
-                    batching_timeout=self._batching_timeout)
+        # max_batch_size alone (min None) is carried as batching=None, so the new version keeps min None too
+        alone = self._min_batch_size is None and self._max_batch_size is not None
+        return dict(batching=None if alone else True, min_batch_size=self._min_batch_size,
+                    max_batch_size=self._max_batch_size, batching_timeout=self._batching_timeout)
 
     def _adopt_batching_state(self, other: BatchingMixin) -> None:
         """Share ``other``'s queue and worker (``get_new_version(..., share_batching_state=True)``).

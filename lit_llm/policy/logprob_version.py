@@ -2,7 +2,12 @@
 :class:`~lit_llm.policy.transformers_wrapper.TransformersWrapper`): full sequence ->
 :func:`~lit_llm.policy.logprobs.model_token_log_probs` (chunked LM head, never ``[B, T, V]`` logits) ->
 ``log_probs.full`` (split into prompt / response where the split is known); the backbone's hidden states of its
-masked distributions and the aligned ``[B, T, V]`` logits of ``logits_only``."""
+masked distributions and the aligned ``[B, T, V]`` logits of ``logits_only``.
+
+In history mode the text output is ``text.full`` only (``prompt`` / ``response`` ``None``, as TorchRL returns it);
+``tokens``, ``log_probs`` and ``history`` are also split at the conversation's last assistant turn (TorchRL leaves
+their ``prompt`` / ``response`` ``None``), so :meth:`~lit_llm.policy.common.LLMWrapperBase.log_prob` gives that
+turn's log-probs."""
 
 from __future__ import annotations
 
@@ -60,7 +65,8 @@ class LogProbVersionMixin:
             dec = self.tokenizer.decode
             text = {"full": [dec(f.tolist(), skip_special_tokens=False) for f in full], "prompt": None,
                     "response": None}
-            if tok["prompt"] is not None:
+            # history mode: text.full only, as TorchRL (the split lives in tokens / log_probs / history)
+            if tok["prompt"] is not None and self.input_mode != "history":
                 text["prompt"] = [dec(p.tolist(), skip_special_tokens=False) for p in tok["prompt"]]
                 text["response"] = [f[len(p):] if f.startswith(p) else dec(r.tolist(), skip_special_tokens=False)
                                     for f, p, r in zip(text["full"], text["prompt"], tok["response"])]

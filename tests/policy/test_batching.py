@@ -134,8 +134,8 @@ def test_settings_and_state():
         "pending_requests": 0, "processing": False, "processing_rows": 0, "worker_alive": False, "batches_run": 0,
         "rows_run": 0, "timeout": 0.5, "pending_futures": 0, "lock_state": "unlocked"}  # + TorchRL's names
     q = FakePolicy(batching=True)
-    assert q._batching_settings() == dict(batching=True, min_batch_size=None, max_batch_size=None,
-                                          batching_timeout=10.0)
+    assert q._batching_settings() == dict(batching=True, min_batch_size=1, max_batch_size=None,
+                                          batching_timeout=10.0)  # TorchRL stores 1 for batching=True alone
     assert q.get_batching_state()["min_batch_size"] == 1
     off = FakePolicy(batching=False, min_batch_size=4)
     assert not off.batching  # explicit False wins

@@ -260,14 +260,19 @@ class TestWrappers:
     @pytest.mark.parametrize("batched", [True, False])
     def test_log_probs_only_mode(self, tiny, tokenizer, batched):
         """Mirrors ``TestWrappers.test_log_probs_only_mode``: the log-prob version of a full conversation returns
-        ``log_probs.full``. Deliberate difference: TorchRL leaves ``text.response`` ``None``; lit_llm splits the
-        conversation at its last assistant turn, so ``text.response`` is that turn's rendered text."""
+        ``log_probs.full`` and, as TorchRL, ``text.full`` only (``text.prompt`` / ``text.response`` ``None``).
+        lit_llm's addition: ``tokens`` / ``log_probs`` are split at the last assistant turn (TorchRL: ``None``)."""
         w = _wrapper(tiny, tokenizer, input_mode="history", generate=False)
         out = w(_history_td(FULLS, field="full", batched=batched))
-        assert out["log_probs"].get("full", as_list=True) is not None
-        resp = out["text"].get("response", as_list=True)
-        resp = [resp] if isinstance(resp, str) else list(resp)
-        assert resp == [f"{r}<|im_end|>\n" for r in (REPLIES if batched else REPLIES[:1])]
+        chats = FULLS if batched else FULLS[:1]
+        flat = out if batched else lazy_stack([out])
+        for b, chat in enumerate(chats):
+            row = flat[b]
+            assert row["text"].full == _render(tokenizer, chat)
+            assert row["text"].prompt is None and row["text"].response is None
+            assert tokenizer.decode(row["tokens"].response.tolist()) == f"{REPLIES[b]}<|im_end|>\n"
+            assert row["log_probs"].response.shape == row["tokens"].response.shape
+            assert row["log_probs"].full.shape == row["tokens"].full.shape
 
     @pytest.mark.parametrize("batched", [True, False])
     def test_unpadded_output_with_as_list(self, tiny, tokenizer, batched):
@@ -454,11 +459,12 @@ class TestBatching:
 
     def test_batching_configuration_validation(self, tiny, tokenizer):
         """Mirrors ``TestBatching.test_batching_configuration_validation``: ``min <= max`` accepted (equal too),
-        ``min > max`` raises TorchRL's message, either bound alone is fine; ``min_batch_size=None`` batches from 1
-        row (``get_batching_state``; lit_llm keeps the argument as passed in its private attribute)."""
+        ``min > max`` raises TorchRL's message, either bound alone is fine; with ``batching=True``
+        ``min_batch_size=None`` is stored as 1 (TorchRL's ``_min_batch_size == 1``)."""
         for lo, hi in ((2, 5), (3, 3), (5, None), (None, 2)):
-            state = _wrapper(tiny, tokenizer, input_mode="text", batching=True, min_batch_size=lo,
-                             max_batch_size=hi).get_batching_state()
+            w = _wrapper(tiny, tokenizer, input_mode="text", batching=True, min_batch_size=lo, max_batch_size=hi)
+            state = w.get_batching_state()
+            assert (w._min_batch_size, w._max_batch_size) == (lo or 1, hi)
             assert (state["min_batch_size"], state["max_batch_size"]) == (lo or 1, hi)
         with pytest.raises(ValueError, match=r"min_batch_size \(5\) must be <= max_batch_size \(2\)"):
             _wrapper(tiny, tokenizer, input_mode="text", batching=True, min_batch_size=5, max_batch_size=2)
@@ -474,6 +480,21 @@ class TestBatching:
         for key, value in (("length_penalty", 1.0), ("early_stopping", False), ("logprobs", True)):
             with pytest.raises(ValueError, match=f"'{key}' is not supported"):
                 _wrapper(tiny, tokenizer, input_mode="text", generate_kwargs={**kwargs, key: value})
+
+    def test_max_batch_size_alone_keeps_min_batch_size_none(self, tiny, tokenizer):
+        """TorchRL's ``__init__`` without ``batching``: ``max_batch_size`` alone turns batching on and keeps
+        ``_min_batch_size`` ``None`` (``get_batching_state()["min_batch_size"] is None``), which batches from one
+        row (TorchRL's documented meaning): a one-row call runs at once, not after ``batching_timeout``."""
+        w = _wrapper(tiny, tokenizer, input_mode="text", max_batch_size=2, batching_timeout=120)
+        state = w.get_batching_state()
+        assert (w.batching, w._min_batch_size, state["min_batch_size"], state["max_batch_size"]) == (
+            True, None, None, 2)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            out = pool.submit(w, TensorDict(text=Text(prompt=["Question?"], batch_size=[1]), batch_size=[1]))
+            assert list(out.result(timeout=60)["text"].prompt) == ["Question?"]  # 120 s if it waited for more rows
+        assert w.get_batching_state()["batches_run"] == 1
+        assert w.get_new_version(generate=False)._batching_settings()["min_batch_size"] is None  # carried as is
+        w.cleanup_batching()
 
     @pytest.mark.parametrize("min_batch_size", [None, 1])
     def test_batching_null_dimension(self, tiny, tokenizer, min_batch_size):
