@@ -266,3 +266,42 @@ def test_shipped_config_ids_are_unchanged(tokenizer):
         assert tokenize_prompts([r["prompt"]], tokenizer, chat_template=None)[0].tolist() == want["ids"]
     want = pinned["grpo_system_prompt"][0]["ids"]
     assert tokenize_prompts([system], tokenizer, chat_template=None)[0].tolist() == want
+
+
+def _tool_and_episode_ids(tokenizer) -> dict:
+    """The ids of configs/sft_calculator_tools.yaml's first traces (SFTDataModule's tokenisation: ``tools=`` when the
+    template renders them, else a system message) and of configs/grpo_tools_tiny.yaml's episodes (the first render of
+    a calculator prompt and the suffix render of a tool reply, :class:`~lit_llm.rollouts.episode_renderer.
+    EpisodeRenderer`), with SmolLM2's own template."""
+    from lit_llm.data.datasets import tokenize_example
+    from lit_llm.lightning.datamodules import calculator_examples
+    from lit_llm.rollouts.envs import CalculatorEnv, prompt_with_tools, template_supports_tools
+    from lit_llm.rollouts.episode_renderer import EpisodeRenderer
+
+    takes_tools = template_supports_tools(tokenizer, None)
+    _, tools = prompt_with_tools([], CalculatorEnv.tools, template_takes_tools=takes_tools)
+    train, _ = calculator_examples(2, 0, seed=0, tools_in_system=not takes_tools)
+    sft = []
+    for ex in train:
+        s = tokenize_example(ex, tokenizer, chat_template=None, max_length=1024,
+                             chat_template_kwargs={"tools": tools} if tools is not None else None)
+        sft.append({"sample_id": s.sample_id, "input_ids": s.input_ids.tolist(),
+                    "assistant_mask": [int(x) for x in s.assistant_mask], "prompt_ids": s.prompt_ids.tolist()})
+    renderer = EpisodeRenderer(tokenizer)
+    episodes = []
+    for row in CalculatorEnv.make_rows(2, 0, split="train"):
+        msgs = renderer.prompt_messages(CalculatorEnv().reset(row), CalculatorEnv.tools)
+        episodes.append({"sample_id": row["sample_id"],
+                         "prompt_ids": renderer.prompt_ids(msgs, CalculatorEnv.tools).tolist(),
+                         "tool_suffix_ids": renderer.suffix_ids([{"role": "tool", "content": "42"}],
+                                                                CalculatorEnv.tools).tolist()})
+    return {"sft_calculator_tools": sft, "grpo_tools_episodes": episodes}
+
+
+def test_shipped_tool_config_ids_are_unchanged(tokenizer):
+    """The tool-using configs' ids (SFT traces, episode renders) equal those recorded before
+    ``History.apply_chat_template`` took TorchRL's defaults (every internal call passes them explicitly)."""
+    pinned = json.loads((ROOT / "tests" / "fixtures" / "pinned_ids" / "shipped_configs_smollm2.json").read_text())
+    got = _tool_and_episode_ids(tokenizer)
+    assert got["sft_calculator_tools"] == pinned["sft_calculator_tools"]
+    assert got["grpo_tools_episodes"] == pinned["grpo_tools_episodes"]
