@@ -54,8 +54,8 @@ def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], *, max_new
     if max_new_tokens < 1 or temperature < 0:
         raise ValueError(f"{PROG}: --max_new_tokens must be >= 1 and --temperature >= 0, got {max_new_tokens}, "
                          f"{temperature}.")
-    ids = History.from_chats(messages).apply_chat_template(tokenizer, add_generation_prompt=True, return_dict=False,
-                                                           **(chat_template_kwargs or {}))
+    ids = History.from_chats(messages).apply_chat_template(tokenizer, add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False, **(chat_template_kwargs or {}))
     device = next(model.parameters()).device
     input_ids = ids.to(device=device, dtype=torch.long).unsqueeze(0)
     kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": temperature > 0}

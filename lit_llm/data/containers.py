@@ -373,7 +373,7 @@ class ChatHistory(TensorClass["nocast"]):
         if _holds_one_row(self):
             return _as_one_row(_one_item(self).to_text(tokenizer, chat_template, **template_kwargs))
         prompt_h, full_h = self._prompt_and_full("ChatHistory.to_text")
-        kw = dict(chat_template=chat_template, tokenize=False, **template_kwargs)
+        kw = dict(chat_template=chat_template, tokenize=False, return_dict=False, **template_kwargs)
         if prompt_h is None:
             return Text(full=full_h.apply_chat_template(tokenizer, add_generation_prompt=False, **kw))
         prompt = prompt_h.apply_chat_template(tokenizer, add_generation_prompt=True, **kw)

@@ -287,9 +287,9 @@ class History(TensorClass["nocast"]):
         *,
         chat_template: str | os.PathLike | None = None,
         chat_template_name: str | None = None,
-        add_generation_prompt: bool = False,
-        tokenize: bool = True,
-        return_dict: bool = True,
+        add_generation_prompt: bool = True,
+        tokenize: bool | None = None,
+        return_dict: bool | None = None,
         return_assistant_tokens_mask: bool = False,
         padding: bool = False,
         padding_side: str | None = None,
@@ -307,10 +307,12 @@ class History(TensorClass["nocast"]):
         ``apply_chat_template`` (templates render BOS themselves), so ``input_ids`` equal
         ``tokenizer.apply_chat_template(messages, chat_template=...)``.
 
-        TorchRL's arguments are accepted (``tokenizer`` positional or keyword, ``chat_template_name``, ``padding``,
-        ``truncation``, ``return_tensors="pt"``, ``continue_final_message`` through ``template_kwargs``), with
-        lit_llm's defaults (``add_generation_prompt=False``, ``tokenize=True``, ``return_dict=True``; TorchRL's are
-        ``True`` / ``None`` / ``None``): pass them explicitly to get the same result under both.
+        TorchRL's arguments and defaults (TorchRL 0.14): ``tokenizer`` (positional or keyword),
+        ``add_generation_prompt=True``, ``chat_template_name``, ``tokenize=None``, ``padding=False``,
+        ``truncation=False``, ``return_tensors=None``, ``return_dict=None``, ``return_assistant_tokens_mask=False``,
+        ``continue_final_message`` through ``template_kwargs``. So ``history.apply_chat_template(tokenizer)`` is the
+        prompt's text; lit_llm's own callers pass ``add_generation_prompt`` / ``tokenize`` / ``return_dict``
+        explicitly.
 
         Args:
             tokenizer: a Hugging Face tokenizer (a fast one when masks are requested: offsets are needed).
@@ -320,9 +322,12 @@ class History(TensorClass["nocast"]):
                 ``name_or_path`` names (TorchRL's detection), else ChatML.
             chat_template_name: a registered template name (``"chatml_format"``, ``"qwen"``, ``"llama"``, ...);
                 exclusive with ``chat_template``.
-            add_generation_prompt: append the assistant header so a model can answer the last message.
-            tokenize: ``False`` returns the rendered text.
-            return_dict: ``False`` returns the ids only.
+            add_generation_prompt: append the assistant header so a model can answer the last message (default
+                ``True``, TorchRL's; pass ``False`` to render a finished conversation as it is trained on).
+            tokenize: ``False`` returns the rendered text; ``None`` (TorchRL's default): ``True`` when
+                ``return_assistant_tokens_mask`` or ``return_tensors`` is given, else ``False``.
+            return_dict: ``False`` returns the ids only; ``None`` (TorchRL's default): a dict when masks are asked
+                for, else the ids.
             return_assistant_tokens_mask: add ``assistant_masks`` (needs ``tokenize`` and ``return_dict``).
             padding: pad a batch to ``[B, T]`` with ``tokenizer.pad_token_id`` (masks are 0/False at padding).
             padding_side: ``"left"`` or ``"right"``; default ``tokenizer.padding_side``.
@@ -358,6 +363,10 @@ class History(TensorClass["nocast"]):
             ValueError: masks requested with ``tokenize=False`` or ``return_dict=False``; a History of more than
                 2 dimensions.
         """
+        if tokenize is None:  # TorchRL's rule
+            tokenize = bool(return_assistant_tokens_mask) or return_tensors is not None
+        if return_dict is None:  # TorchRL's rule (its None reaches transformers, which then returns the ids)
+            return_dict = bool(tokenize and return_assistant_tokens_mask)
         if return_assistant_tokens_mask and not (tokenize and return_dict):
             raise ValueError(
                 "History.apply_chat_template: return_assistant_tokens_mask=True needs tokenize=True and "

@@ -44,7 +44,7 @@ class GenerateVersionMixin:
                 raise self._missing(td, key, "prompt History [B, n_messages]")
             rows = history_rows(hist, key, type(self).__name__)
             texts = [h.apply_chat_template(self.tokenizer, chat_template=self.chat_template, tokenize=False,
-                                           add_generation_prompt=True) for h in rows]
+                                           add_generation_prompt=True, return_dict=False) for h in rows]
             ids, masks = zip(*(self._render_ids(h, add_generation_prompt=True) for h in rows))
             return list(ids), texts, rows, list(masks)
         if self.input_mode == "text":

@@ -94,8 +94,8 @@ class LogProbInputsMixin:
         """One conversation's ids ``[T]`` (long) and assistant mask ``[T]`` (bool; all False without assistant)."""
         has_assistant = "assistant" in list(history.role)
         enc = history.apply_chat_template(self.tokenizer, chat_template=self.chat_template,
-                                          add_generation_prompt=add_generation_prompt,
-                                          return_assistant_tokens_mask=has_assistant)
+                                          add_generation_prompt=add_generation_prompt, tokenize=True,
+                                          return_dict=True, return_assistant_tokens_mask=has_assistant)
         ids = enc["input_ids"].long()
         mask = enc["assistant_masks"].bool() if has_assistant else torch.zeros(ids.numel(), dtype=torch.bool)
         return ids, mask
@@ -182,7 +182,7 @@ class LogProbInputsMixin:
                                  f"the SFT head trains on the final assistant reply. End every conversation with an "
                                  f"assistant message, or use get_rlhf_dist (every assistant turn).")
             p = h[:last].apply_chat_template(self.tokenizer, chat_template=self.chat_template,
-                                             add_generation_prompt=True, return_dict=False)
+                                             add_generation_prompt=True, tokenize=True, return_dict=False)
             name = template_display_name(self.chat_template)
             check_prefix(p.to(f.device), f, template_name=f"{name} (row {b})")
             lens.append(p.numel())

@@ -86,8 +86,8 @@ class EpisodeRenderer:
         """
         with self._tokenizer_lock:
             return History.from_chats([dict(m) for m in messages]).apply_chat_template(
-                self.tokenizer, chat_template=self.chat_template, add_generation_prompt=True, return_dict=False,
-                **self._template_kwargs(tools)).long().reshape(-1)
+                self.tokenizer, chat_template=self.chat_template, add_generation_prompt=True, tokenize=True,
+                return_dict=False, **self._template_kwargs(tools)).long().reshape(-1)
 
     def suffix_text(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
         """The text of :meth:`suffix_ids` (special-token strings in content left as text)."""

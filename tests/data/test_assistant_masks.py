@@ -175,9 +175,11 @@ def test_masked_text_per_template(tokenizer, templates_dir, name, conv):
     template = template_arg(templates_dir, name)
     if isinstance(expected, str):
         with pytest.raises(ChatTemplateError, match=re.escape(expected)):
-            history.apply_chat_template(tokenizer, chat_template=template, return_assistant_tokens_mask=True)
+            history.apply_chat_template(tokenizer, chat_template=template, return_assistant_tokens_mask=True,
+                                        add_generation_prompt=False)
         return
-    out = history.apply_chat_template(tokenizer, chat_template=template, return_assistant_tokens_mask=True)
+    out = history.apply_chat_template(tokenizer, chat_template=template, return_assistant_tokens_mask=True,
+                                      add_generation_prompt=False)
     assert masked_runs(tokenizer, out) == expected
     assert out["assistant_masks"].dtype == torch.bool
     # Same ids as transformers' own apply_chat_template with that template.
@@ -209,12 +211,13 @@ def test_qwen3_drops_old_reasoning_masks_stay_exact(tokenizer, templates_dir):
     """Qwen3 rewrites earlier turns (old reasoning dropped): the mask is exact on the full render."""
     history = History.from_chats(REASONING)
     template = templates_dir / "stock-qwen3.jinja"
-    text = history.apply_chat_template(tokenizer, chat_template=template, tokenize=False)
+    text = history.apply_chat_template(tokenizer, chat_template=template, tokenize=False, add_generation_prompt=False)
     assert text == (
         "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nb<|im_end|>\n"
         "<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n"
     )
-    out = history.apply_chat_template(tokenizer, chat_template=template, return_assistant_tokens_mask=True)
+    out = history.apply_chat_template(tokenizer, chat_template=template, return_assistant_tokens_mask=True,
+                                      add_generation_prompt=False)
     assert masked_runs(tokenizer, out) == ["A1<|im_end|>", "<think>\nr2\n</think>\n\nA2<|im_end|>"]
 
 
@@ -227,7 +230,8 @@ def test_qwen3_enable_thinking_false_reaches_template(tokenizer, templates_dir):
     assert prompt == "<|im_start|>user\nb<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     # The empty think block is now part of the generation prompt: out of the mask.
     out = history.apply_chat_template(
-        tokenizer, chat_template=template, return_assistant_tokens_mask=True, enable_thinking=False
+        tokenizer, chat_template=template, add_generation_prompt=False, return_assistant_tokens_mask=True,
+        enable_thinking=False,
     )
     assert masked_runs(tokenizer, out) == ["c<|im_end|>"]
 
@@ -235,7 +239,8 @@ def test_qwen3_enable_thinking_false_reaches_template(tokenizer, templates_dir):
 def test_deepseek_generation_prompt_not_in_full_render(tokenizer, templates_dir):
     """DeepSeek-V3's prompt ends with "<｜Assistant｜><think>\\n", the full render keeps only the answer."""
     out = History.from_chats(REASONING).apply_chat_template(
-        tokenizer, chat_template=templates_dir / "stock-deepseekv3.jinja", return_assistant_tokens_mask=True
+        tokenizer, chat_template=templates_dir / "stock-deepseekv3.jinja", add_generation_prompt=False,
+        return_assistant_tokens_mask=True,
     )
     assert masked_runs(tokenizer, out) == ["\n\nA1<｜end▁of▁sentence｜><", "\n\nA2<｜end▁of▁sentence｜>"]
 
@@ -255,14 +260,15 @@ def test_tool_call_turn_is_masked_tool_result_is_not(tokenizer, templates_dir):
     history = History.from_chats(TOOL_CHAT)
     template = templates_dir / "stock-qwen2_5.jinja"
     out = history.apply_chat_template(tokenizer, chat_template=template, tools=TOOLS,
-                                      return_assistant_tokens_mask=True)
+                                      return_assistant_tokens_mask=True, add_generation_prompt=False)
     # Qwen2.5 writes "<|im_start|>assistant" + "\n<tool_call>..." for a call without content; the "\n" is the
     # generation prompt's ("<|im_start|>assistant\n"), so it is out of the mask: the model generates "<tool_call>".
     assert masked_runs(tokenizer, out) == [
         '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call><|im_end|>',
         "It is 3.<|im_end|>",
     ]
-    text = history.apply_chat_template(tokenizer, chat_template=template, tools=TOOLS, tokenize=False)
+    text = history.apply_chat_template(tokenizer, chat_template=template, tools=TOOLS, tokenize=False,
+                                       add_generation_prompt=False)
     assert "# Tools" in text and '"name": "add"' in text  # `tools` reached the template
     assert "<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>" in text
 
@@ -281,10 +287,10 @@ def test_generation_markers_are_used(tokenizer):
                                          "{{ '' }}{% generation %}{{ m['content'] }}")
     marked = marked.replace("{% endgeneration %}{{ '\n' }}", "{% endgeneration %}{{ '<|im_end|>\n' }}")
     out = History.from_chats(C2).apply_chat_template(tokenizer, chat_template=marked,
-                                                     return_assistant_tokens_mask=True)
+                                                     return_assistant_tokens_mask=True, add_generation_prompt=False)
     assert masked_runs(tokenizer, out) == ["Line one\nLine two", "\n  café ☕ naïve  "]
     out = History.from_chats(C2).apply_chat_template(tokenizer, chat_template=GENERATION_TEMPLATE,
-                                                     return_assistant_tokens_mask=True)
+                                                     return_assistant_tokens_mask=True, add_generation_prompt=False)
     assert masked_runs(tokenizer, out) == ["Line one\nLine two<|im_end|>", "\n  café ☕ naïve  <|im_end|>"]
 
 
@@ -294,23 +300,27 @@ def test_generation_markers_are_used(tokenizer):
 ])
 def test_no_assistant_tokens_raises(tokenizer, conv):
     with pytest.raises(NoAssistantTokensError, match=r"no assistant tokens .*'tokenizer default'"):
-        History.from_chats(conv).apply_chat_template(tokenizer, return_assistant_tokens_mask=True)
+        History.from_chats(conv).apply_chat_template(tokenizer, return_assistant_tokens_mask=True,
+                                                     add_generation_prompt=False)
     batch = History.from_chats([C1, conv])
     with pytest.raises(NoAssistantTokensError, match="conversation 1 has no assistant tokens"):
-        batch.apply_chat_template(tokenizer, return_assistant_tokens_mask=True)
+        batch.apply_chat_template(tokenizer, return_assistant_tokens_mask=True, add_generation_prompt=False)
 
 
 def test_masks_need_tokenized_dict(tokenizer):
     with pytest.raises(ValueError, match="return_assistant_tokens_mask=True needs tokenize=True and return_dict"):
-        History.from_chats(C1).apply_chat_template(tokenizer, tokenize=False, return_assistant_tokens_mask=True)
+        History.from_chats(C1).apply_chat_template(tokenizer, tokenize=False, return_assistant_tokens_mask=True,
+                                                   add_generation_prompt=False)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_ragged_batch_padded_masks(tokenizer, side):
     batch = History.from_chats([C1, C3[:2]])  # 5 and 2 messages -> [2, 5] with "<none>" padding
     assert batch.shape == (2, 5)
-    out = batch.apply_chat_template(tokenizer, return_assistant_tokens_mask=True, padding=True, padding_side=side)
-    single = [History.from_chats(c).apply_chat_template(tokenizer, return_assistant_tokens_mask=True)
+    out = batch.apply_chat_template(tokenizer, return_assistant_tokens_mask=True, padding=True, padding_side=side,
+                                    add_generation_prompt=False)
+    single = [History.from_chats(c).apply_chat_template(tokenizer, return_assistant_tokens_mask=True,
+                                                        add_generation_prompt=False)
               for c in (C1, C3[:2])]
     n0, n1 = len(single[0]["input_ids"]), len(single[1]["input_ids"])
     assert out["input_ids"].shape == (2, max(n0, n1)) and n0 > n1
@@ -324,7 +334,7 @@ def test_ragged_batch_padded_masks(tokenizer, side):
     assert out["assistant_masks"][1, keep].tolist() == single[1]["assistant_masks"].tolist()
     assert out["attention_mask"].dtype == torch.long and out["assistant_masks"].dtype == torch.bool
     # Without padding (TorchRL's shape): a lazy stack of per-row TensorDicts, one [T_b] row per conversation.
-    lst = batch.apply_chat_template(tokenizer, return_assistant_tokens_mask=True)
+    lst = batch.apply_chat_template(tokenizer, return_assistant_tokens_mask=True, add_generation_prompt=False)
     assert lst.batch_size[0] == 2 and [row.batch_size[0] for row in lst.unbind(0)] == [n0, n1]
     masks, ids = lst.get("assistant_masks", as_list=True), lst.get("input_ids", as_list=True)
     assert [m.tolist() for m in masks] == [s["assistant_masks"].tolist() for s in single]
@@ -343,7 +353,7 @@ conversation = st.lists(message, min_size=1, max_size=6).filter(lambda c: any(r 
 def test_property_smollm2_masks(tokenizer, convs, side):
     chats = [[{"role": r, "content": c} for r, c in conv] for conv in convs]
     out = History.from_chats(chats).apply_chat_template(
-        tokenizer, return_assistant_tokens_mask=True, padding=True, padding_side=side
+        tokenizer, return_assistant_tokens_mask=True, padding=True, padding_side=side, add_generation_prompt=False
     )
     for b, chat in enumerate(chats):
         keep = out["attention_mask"][b].bool()

@@ -228,7 +228,7 @@ def test_history_from_text_round_trip(tokenizer, templates_dir, template, family
 
     tpl = _template(templates_dir, template)
     h = History.from_chats([CONV, CONV[1:3]])  # [2, 5], the second row "<none>"-padded
-    texts = h.apply_chat_template(tokenizer, chat_template=tpl, tokenize=False)
+    texts = h.apply_chat_template(tokenizer, chat_template=tpl, tokenize=False, add_generation_prompt=False)
     back = History.from_text(texts, chat_template_name=family)
     assert back.batch_size[0] == 2
     assert [[(m["role"], m["content"]) for m in row] for row in back.to_chats()] == [with_system,

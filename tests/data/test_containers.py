@@ -220,7 +220,8 @@ def test_chat_history_inline_template_and_missing_prompt(tokenizer):
     tpl = ("{% for m in messages %}{{ m.role[0]|upper }}: {{ m.content }}\n{% endfor %}"
            "{% if add_generation_prompt %}A:\n{% endif %}")
     ch = ChatHistory(prompt=history(CONV2[:1]), response=history(CONV2[1:]))
-    assert history(CONV2).apply_chat_template(tokenizer, chat_template=tpl, tokenize=False) == "U: 3+5?\nA: 8\n"
+    assert history(CONV2).apply_chat_template(tokenizer, chat_template=tpl, tokenize=False,
+                                              add_generation_prompt=False) == "U: 3+5?\nA: 8\n"
     with pytest.raises(PrefixMismatchError, match=r"'<inline template>'.*character position 10 \(prompt '\\n' vs"):
         ch.to_text(tokenizer, chat_template=tpl)
     pattern = r"'<inline template>'.*token position 10 \(prompt id 198 vs full id 216\)"

@@ -140,28 +140,52 @@ def test_extend_batch_dimension():
 # ---------------------------------------------------------------- rendering outputs
 def test_render_text_and_ids_match_transformers(tokenizer):
     h = History.from_chats(CHAT)
-    text = h.apply_chat_template(tokenizer, tokenize=False)
+    text = h.apply_chat_template(tokenizer, tokenize=False, add_generation_prompt=False)
     assert text == ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
                     "<|im_start|>assistant\nHello!<|im_end|>\n")
     prompt = History.from_chats(CHAT[1:2]).apply_chat_template(tokenizer, tokenize=False, add_generation_prompt=True)
     assert prompt == SMOL_SYSTEM + "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    ids = h.apply_chat_template(tokenizer, return_dict=False)
+    ids = h.apply_chat_template(tokenizer, return_dict=False, add_generation_prompt=False, tokenize=True)
     assert ids.dtype == torch.long and ids.ndim == 1
     assert ids.tolist() == list(tokenizer.apply_chat_template(CHAT, return_dict=False))
     assert ids[:3].tolist() == [1, 9690, 198]  # <|im_start|> "system" "\n"
-    out = h.apply_chat_template(tokenizer)
+    out = h.apply_chat_template(tokenizer, add_generation_prompt=False, tokenize=True, return_dict=True)
     assert set(out) == {"input_ids", "attention_mask"}
     assert out["attention_mask"].dtype == torch.long and out["attention_mask"].tolist() == [1] * len(ids)
 
 
+def test_defaults_are_torchrls(tokenizer):
+    """TorchRL 0.14's defaults and their resolution: ``add_generation_prompt=True``; ``tokenize=None`` is ``True``
+    only with masks or ``return_tensors``; ``return_dict=None`` gives a dict only with masks."""
+    import inspect
+
+    params = inspect.signature(History.apply_chat_template).parameters
+    assert {k: params[k].default for k in ("add_generation_prompt", "tokenize", "return_dict", "padding",
+                                           "truncation", "return_tensors", "return_assistant_tokens_mask")} == {
+        "add_generation_prompt": True, "tokenize": None, "return_dict": None, "padding": False,
+        "truncation": False, "return_tensors": None, "return_assistant_tokens_mask": False}
+    h = History.from_chats(CHAT)
+    prompt_text = h.apply_chat_template(tokenizer, tokenize=False, add_generation_prompt=True)
+    assert h.apply_chat_template(tokenizer) == prompt_text == tokenizer.apply_chat_template(
+        CHAT, tokenize=False, add_generation_prompt=True)
+    prompt_ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=False)
+    assert h.apply_chat_template(tokenizer, return_tensors="pt").tolist() == list(prompt_ids)
+    enc = h.apply_chat_template(tokenizer, return_assistant_tokens_mask=True)
+    assert set(enc) == {"input_ids", "attention_mask", "assistant_masks"}
+    assert enc["input_ids"].tolist() == list(prompt_ids)
+    assert tokenizer.decode(enc["input_ids"][enc["assistant_masks"]]) == "Hello!<|im_end|>"
+
+
 def test_render_batch_outputs(tokenizer):
     h = History.from_chats([CHAT, SHORT])
-    texts = h.apply_chat_template(tokenizer, tokenize=False)
-    assert texts == [History.from_chats(c).apply_chat_template(tokenizer, tokenize=False) for c in (CHAT, SHORT)]
+    texts = h.apply_chat_template(tokenizer, tokenize=False, add_generation_prompt=False)
+    assert texts == [History.from_chats(c).apply_chat_template(tokenizer, tokenize=False,
+                                                               add_generation_prompt=False) for c in (CHAT, SHORT)]
     assert texts[1] == SMOL_SYSTEM + "<|im_start|>user\nYo<|im_end|>\n<|im_start|>assistant\nSup<|im_end|>\n"
-    ids = h.apply_chat_template(tokenizer, return_dict=False)
+    ids = h.apply_chat_template(tokenizer, return_dict=False, add_generation_prompt=False, tokenize=True)
     assert isinstance(ids, list) and [len(x) for x in ids] == [len(tokenizer(t)["input_ids"]) for t in texts]
-    padded = h.apply_chat_template(tokenizer, return_dict=False, padding=True, padding_side="left")
+    padded = h.apply_chat_template(tokenizer, return_dict=False, padding=True, padding_side="left",
+                                   add_generation_prompt=False, tokenize=True)
     n0, n1 = len(ids[0]), len(ids[1])
     assert n1 - n0 == 12  # SHORT is longer: SmolLM2 adds its long default system prompt
     assert padded.shape == (2, n1) and padded[1].tolist() == ids[1].tolist()
@@ -174,56 +198,65 @@ def test_template_from_path_string_and_kwargs(tokenizer, templates_dir):
     h = History.from_chats(CHAT[1:])
     expected = "<|im_start|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>" \
                "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
-    assert h.apply_chat_template(tokenizer, chat_template=path, tokenize=False) == expected
-    assert h.apply_chat_template(tokenizer, chat_template=str(path), tokenize=False) == expected
-    assert h.apply_chat_template(tokenizer, chat_template=path.read_text(), tokenize=False) == expected
+    assert h.apply_chat_template(tokenizer, chat_template=path, tokenize=False, add_generation_prompt=False) == expected
+    assert h.apply_chat_template(tokenizer, chat_template=str(path), tokenize=False,
+                                 add_generation_prompt=False) == expected
+    assert h.apply_chat_template(tokenizer, chat_template=path.read_text(), tokenize=False,
+                                 add_generation_prompt=False) == expected
     # Extra keyword arguments reach the template as variables.
     tpl = "{{ greeting }}|{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    assert h.apply_chat_template(tokenizer, chat_template=tpl, tokenize=False, greeting="hey") == "hey|HiHello!"
+    assert h.apply_chat_template(tokenizer, chat_template=tpl, tokenize=False, greeting="hey",
+                                 add_generation_prompt=False) == "hey|HiHello!"
     llama = templates_dir / "stock-llama3_1.jinja"
-    text = h.apply_chat_template(tokenizer, chat_template=llama, tokenize=False, date_string="01 Jan 2030")
+    text = h.apply_chat_template(tokenizer, chat_template=llama, tokenize=False, date_string="01 Jan 2030",
+                                 add_generation_prompt=False)
     assert "Today Date: 01 Jan 2030\n\n" in text
 
 
 def test_bad_template_path(tokenizer):
     with pytest.raises(ChatTemplateError, match="looks like a .jinja path but no such file exists"):
-        History.from_chats(CHAT).apply_chat_template(tokenizer, chat_template="/nonexistent/x.jinja")
+        History.from_chats(CHAT).apply_chat_template(tokenizer, chat_template="/nonexistent/x.jinja",
+                                                     add_generation_prompt=False, tokenize=True, return_dict=True)
 
 
 def test_template_exception_is_wrapped(tokenizer, templates_dir):
     h = History.from_chats([{"role": "assistant", "content": "first"}, {"role": "user", "content": "u"}])
     with pytest.raises(ChatTemplateError, match=r"'gemma-it.jinja' raised: Conversation roles must alternate"):
-        h.apply_chat_template(tokenizer, chat_template=templates_dir / "gemma-it.jinja")
+        h.apply_chat_template(tokenizer, chat_template=templates_dir / "gemma-it.jinja", add_generation_prompt=False,
+                              tokenize=True, return_dict=True)
 
 
 def test_render_validation_errors(tokenizer):
     h = History.from_chats([CHAT, SHORT])
     h[1, 0].role = "narrator"  # bypasses from_chats validation
     with pytest.raises(InvalidConversationError, match="conversation 1, message 0: unknown role 'narrator'"):
-        h.apply_chat_template(tokenizer)
+        h.apply_chat_template(tokenizer, add_generation_prompt=False, tokenize=True, return_dict=True)
     pad = History.from_chats([{"role": "<none>", "content": ""}])
     with pytest.raises(InvalidConversationError, match="the conversation is empty"):
-        pad.apply_chat_template(tokenizer)
+        pad.apply_chat_template(tokenizer, add_generation_prompt=False, tokenize=True, return_dict=True)
     with pytest.raises(ValueError, match=r"shape \[n\] or \[B, n\]"):
-        History.from_chats([CHAT]).unsqueeze(0).apply_chat_template(tokenizer)
+        History.from_chats([CHAT]).unsqueeze(0).apply_chat_template(tokenizer, add_generation_prompt=False,
+                                                                    tokenize=True, return_dict=True)
 
 
 # ---------------------------------------------------------------- property 8: control tokens are not content
 def test_special_token_in_content_raises(tokenizer):
     chat = [{"role": "user", "content": "end it<|im_end|> now"}, {"role": "assistant", "content": "ok"}]
     with pytest.raises(SpecialTokenInContentError) as err:
-        History.from_chats(chat).apply_chat_template(tokenizer)
+        History.from_chats(chat).apply_chat_template(tokenizer, add_generation_prompt=False, tokenize=True,
+                                                     return_dict=True)
     assert "message 0 (user) of the conversation" in str(err.value)
     assert "'<|im_end|>'" in str(err.value) and "allow_special_tokens=True" in str(err.value)
     batch = History.from_chats([SHORT, [{"role": "user", "content": "q"}, {"role": "assistant", "content":
                                                                              "<repo_name>x"}]])
     with pytest.raises(SpecialTokenInContentError, match=r"message 1 \(assistant\) of conversation 1 .*'<repo_name>'"):
-        batch.apply_chat_template(tokenizer, tokenize=False)
+        batch.apply_chat_template(tokenizer, tokenize=False, add_generation_prompt=False)
 
 
 def test_special_token_opt_in_tokenises_control_token(tokenizer):
     chat = [{"role": "user", "content": "a<|im_end|>b"}, {"role": "assistant", "content": "ok"}]
-    ids = History.from_chats(chat).apply_chat_template(tokenizer, return_dict=False, allow_special_tokens=True)
+    ids = History.from_chats(chat).apply_chat_template(tokenizer, return_dict=False, allow_special_tokens=True,
+                                                       add_generation_prompt=False, tokenize=True)
     # SMOL system prompt, then "<|im_start|>user\na", then the control token id 2, then "b<|im_end|>\n"...
     user = tokenizer("<|im_start|>user\na", add_special_tokens=False)["input_ids"]
     start = len(tokenizer(SMOL_SYSTEM, add_special_tokens=False)["input_ids"])

@@ -98,10 +98,12 @@ def test_reasoning_in_final_turn_with_thinking_off_is_refused_naming_the_turn(to
     with pytest.raises(ChatTemplateError, match=r"assistant message 3 of the conversation .* inserts 'r2' .*"
                                                 r"enable_thinking=False.*remove the reasoning.*message 3"):
         History.from_chats(REASONING_LAST).apply_chat_template(
-            tokenizer, chat_template=path, return_assistant_tokens_mask=True, enable_thinking=False)
+            tokenizer, chat_template=path, return_assistant_tokens_mask=True, enable_thinking=False,
+                add_generation_prompt=False)
     # The same conversation with thinking on is exact: the think block is generated.
     out = History.from_chats(REASONING_LAST).apply_chat_template(
-        tokenizer, chat_template=path, return_assistant_tokens_mask=True, enable_thinking=True)
+        tokenizer, chat_template=path, return_assistant_tokens_mask=True, enable_thinking=True,
+            add_generation_prompt=False)
     ids = out["input_ids"].tolist()
     text = tokenizer.decode(ids)
     assert out["assistant_masks"].tolist() == _expected_mask(
@@ -119,7 +121,8 @@ def test_old_reasoning_with_thinking_off_is_exact(tokenizer, qwen3):
     """Qwen3 drops old reasoning, so an earlier turn's tokens are its answer: exact, no error."""
     path, text_template = qwen3
     out = History.from_chats(REASONING_EARLIER).apply_chat_template(
-        tokenizer, chat_template=path, return_assistant_tokens_mask=True, enable_thinking=False)
+        tokenizer, chat_template=path, return_assistant_tokens_mask=True, enable_thinking=False,
+            add_generation_prompt=False)
     text = tokenizer.apply_chat_template(REASONING_EARLIER, chat_template=text_template, tokenize=False,
                                          enable_thinking=False)
     assert text == ("<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nb"
@@ -143,7 +146,7 @@ def test_final_mask_is_what_follows_the_generation_prompt(tokenizer, qwen3):
     text = tokenizer.apply_chat_template(REASONING_EARLIER, chat_template=text_template, tokenize=False, **kwargs)
     assert text.startswith(prompt_text) and text[len(prompt_text):] == f"A2{STOP}\n"
     out = History.from_chats(REASONING_EARLIER).apply_chat_template(
-        tokenizer, chat_template=path, return_assistant_tokens_mask=True, **kwargs)
+        tokenizer, chat_template=path, add_generation_prompt=False, return_assistant_tokens_mask=True, **kwargs)
     first = text.index("A1")
     spans = [(first, first + len("A1" + STOP)), (len(prompt_text), len(text) - 1)]
     assert out["assistant_masks"].tolist() == _expected_mask(tokenizer, text, spans)
@@ -154,9 +157,10 @@ def test_template_without_thinking_ignores_the_variable(tokenizer, templates_dir
     path = templates_dir / "chatml.jinja"
     conv = REASONING_EARLIER
     plain = History.from_chats(conv).apply_chat_template(tokenizer, chat_template=path,
-                                                         return_assistant_tokens_mask=True)
+                                                         return_assistant_tokens_mask=True, add_generation_prompt=False)
     off = History.from_chats(conv).apply_chat_template(tokenizer, chat_template=path,
-                                                       return_assistant_tokens_mask=True, enable_thinking=False)
+                                                       return_assistant_tokens_mask=True, enable_thinking=False,
+                                                           add_generation_prompt=False)
     assert torch.equal(plain["input_ids"], off["input_ids"])
     assert torch.equal(plain["assistant_masks"], off["assistant_masks"])
     text = tokenizer.apply_chat_template(conv, chat_template=path.read_text(), tokenize=False, enable_thinking=False)
@@ -197,10 +201,10 @@ def test_qwen3_masks_exact_or_refused(tokenizer, qwen3, conv, enable_thinking):
     if not enable_thinking and final_reasoning:
         with pytest.raises(ChatTemplateError, match=f"assistant message {len(conv) - 1} "):
             history.apply_chat_template(tokenizer, chat_template=path, return_assistant_tokens_mask=True,
-                                        enable_thinking=False)
+                                        enable_thinking=False, add_generation_prompt=False)
         return
     out = history.apply_chat_template(tokenizer, chat_template=path, return_assistant_tokens_mask=True,
-                                      enable_thinking=enable_thinking)
+                                      enable_thinking=enable_thinking, add_generation_prompt=False)
     text = tokenizer.apply_chat_template(conv, chat_template=text_template, tokenize=False,
                                          enable_thinking=enable_thinking)
     assert out["input_ids"].tolist() == tokenizer(text, add_special_tokens=False)["input_ids"]

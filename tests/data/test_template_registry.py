@@ -222,14 +222,16 @@ def test_chat_template_name_selects_the_template_not_a_variable(tokenizer):
 def test_unknown_name_is_an_error_naming_the_known_ones(tokenizer):
     h = History.from_chats(CHATS[0])
     with pytest.raises(UnknownChatTemplateError, match="known names: .*chatml_format.*qwen") as e:
-        h.apply_chat_template(tokenizer, chat_template_name="no-such-template")
+        h.apply_chat_template(tokenizer, chat_template_name="no-such-template", add_generation_prompt=False,
+                              tokenize=True, return_dict=True)
     assert isinstance(e.value, KeyError) and isinstance(e.value, ChatTemplateError)
     with pytest.raises(NotImplementedError, match="unknown chat_template_name 'nope'"):
         History.from_text("<|im_start|>user\nhi<|im_end|>\n", chat_template_name="nope")
     with pytest.raises(ChatTemplateError, match="not both"):
-        h.apply_chat_template(tokenizer, chat_template="chatml", chat_template_name="qwen")
+        h.apply_chat_template(tokenizer, chat_template="chatml", chat_template_name="qwen",
+                              add_generation_prompt=False, tokenize=True, return_dict=True)
     with pytest.raises(RuntimeError, match="tokenizer"):
-        h.apply_chat_template(chat_template_name="chatml")
+        h.apply_chat_template(chat_template_name="chatml", add_generation_prompt=False, tokenize=True, return_dict=True)
     assert issubclass(TokenizerRequiredError, RuntimeError)
 
 
@@ -273,11 +275,12 @@ def test_add_chat_template_name_keywords_and_inverse_parser(tokenizer):
     add_chat_template("arrows", template, inverse_parser=parse, model_family_keywords=["arrow-lm"])
     try:
         h = History.from_chats(CHATS[0])
-        text = h.apply_chat_template(tokenizer, chat_template_name="arrows", tokenize=False)
+        text = h.apply_chat_template(tokenizer, chat_template_name="arrows", tokenize=False,
+                                     add_generation_prompt=False)
         assert text == "<< Hi there\n>> Hello!<|im_end|>"
         bare = no_template(tokenizer, "org/Arrow-LM-1B")
-        assert h.apply_chat_template(bare, tokenize=False) == text
-        out = h.apply_chat_template(bare, tokenize=True, return_assistant_tokens_mask=True)
+        assert h.apply_chat_template(bare, tokenize=False, add_generation_prompt=False) == text
+        out = h.apply_chat_template(bare, tokenize=True, return_assistant_tokens_mask=True, add_generation_prompt=False)
         assert _masked_text(tokenizer, out) == ">> Hello!<|im_end|>"
         assert History.from_text(text, chat_template_name="arrows").to_chats() == CHATS[0]
         assert History.from_text(text, tokenizer=bare).to_chats() == CHATS[0]

@@ -130,8 +130,8 @@ def test_torchrl_example_history_class_docstring(tokenizer):
 
 
 def test_torchrl_example_stack_and_generation_prompt(tokenizer):
-    """The stacked-History example (GPT-2's tokenizer there: no template, so ChatML). The one change: lit_llm's
-    ``tokenize`` defaults to ``True`` (TorchRL's to ``False`` unless masks are asked for), so it is passed."""
+    """The stacked-History example (GPT-2's tokenizer there: no template, so ChatML), unchanged: TorchRL's defaults
+    (``tokenize=None`` -> text) give the prompt's text."""
     import copy
 
     gpt2_like = copy.deepcopy(tokenizer)
@@ -144,7 +144,7 @@ This is the first user prompt""")
 This is the second prompt, the first for the assistant.""")
     history = torch.stack([history0, history1, history2])
     assert history.role == ["system", "user", "assistant"]
-    parsed_string = history.apply_chat_template(tokenizer=gpt2_like, add_generation_prompt=True, tokenize=False)
+    parsed_string = history.apply_chat_template(tokenizer=gpt2_like, add_generation_prompt=True)
     assert parsed_string == (
         "<|im_start|>system\nCONTENT\nThis is the setup<|im_end|>\n"
         "<|im_start|>user\nCONTENT\nThis is the first user prompt<|im_end|>\n"

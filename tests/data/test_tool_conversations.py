@@ -131,11 +131,11 @@ def test_tool_conversation_masks_are_exact(tokenizer, templates_dir, template, c
     history = History.from_chats(messages)
     if template == "llama3.1" and conv == "parallel":  # the template itself refuses two calls in one turn
         with pytest.raises(ChatTemplateError, match="only supports single tool-calls at once"):
-            history.apply_chat_template(tokenizer, return_assistant_tokens_mask=True,
+            history.apply_chat_template(tokenizer, add_generation_prompt=False, return_assistant_tokens_mask=True,
                                         **render_args(templates_dir, template))
         return
     text, ref_ids = reference(tokenizer, templates_dir, template, messages)
-    out = history.apply_chat_template(tokenizer, return_assistant_tokens_mask=True,
+    out = history.apply_chat_template(tokenizer, add_generation_prompt=False, return_assistant_tokens_mask=True,
                                       **render_args(templates_dir, template))
     assert out["input_ids"].tolist() == ref_ids
     assert out["assistant_masks"].tolist() == expected_mask(tokenizer, template, text, messages)
@@ -151,14 +151,16 @@ def test_each_turn_starts_where_its_prompt_ends(tokenizer, templates_dir, templa
     error case, not a mask question)."""
     messages = CONVERSATIONS[conv]
     kw = render_args(templates_dir, template)
-    out = History.from_chats(messages).apply_chat_template(tokenizer, return_assistant_tokens_mask=True, **kw)
+    out = History.from_chats(messages).apply_chat_template(tokenizer, add_generation_prompt=False,
+                                                           return_assistant_tokens_mask=True, **kw)
     ids, mask = out["input_ids"].tolist(), out["assistant_masks"].tolist()
     starts = [t for t in range(len(mask)) if mask[t] and (t == 0 or not mask[t - 1])]
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     assert len(starts) == len(turns)
     for i, start in zip(turns, starts):
         prompt = History.from_chats(messages[:i]).apply_chat_template(tokenizer, add_generation_prompt=True,
-                                                                      return_dict=False, **kw).tolist()
+                                                                      tokenize=True, return_dict=False,
+                                                                      **kw).tolist()
         assert ids[:len(prompt)] == prompt and start == len(prompt)
 
 
@@ -170,7 +172,7 @@ def test_tool_messages_round_trip_and_reach_the_template(tokenizer):
     template = ("{% for m in messages %}{{ m.role }}{% if m.name %}({{ m.name }}#{{ m.tool_call_id }}){% endif %}: "
                 "{{ m.content }}\n{% endfor %}")
     text = History.from_chats(STRUCTURED_CALLS[:3]).apply_chat_template(tokenizer, chat_template=template,
-                                                                        tokenize=False)
+                                                                        tokenize=False, add_generation_prompt=False)
     assert text == "user: What is 347 * 5812 + 1?\nassistant: \ntool(calculator#call_0): 2016764\n"
 
 
@@ -223,7 +225,8 @@ def test_property_tool_conversation_masks(tokenizer, templates_dir, messages, te
     if template == "llama3.1":  # the template trims and drops the content of a structured-call turn
         messages = [dict(m, content=m["content"].strip()) for m in messages]
     text, ref_ids = reference(tokenizer, templates_dir, template, messages)
-    out = History.from_chats(messages).apply_chat_template(tokenizer, return_assistant_tokens_mask=True,
+    out = History.from_chats(messages).apply_chat_template(tokenizer, add_generation_prompt=False,
+                                                           return_assistant_tokens_mask=True,
                                                            **render_args(templates_dir, template))
     assert out["input_ids"].tolist() == ref_ids
     assert out["assistant_masks"].tolist() == expected_mask(tokenizer, template, text, messages)

@@ -397,7 +397,8 @@ def test_last_assistant_run_equals_the_history_render_on_chatml(tiny, tokenizer)
               {"role": "assistant", "content": "Blue"}, {"role": "user", "content": "Another"},
               {"role": "assistant", "content": "Red"}]]
     hist = History.from_chats(convs)
-    enc = hist.apply_chat_template(tokenizer, padding=True, padding_side="left", return_assistant_tokens_mask=True)
+    enc = hist.apply_chat_template(tokenizer, padding=True, padding_side="left", return_assistant_tokens_mask=True,
+                                   add_generation_prompt=False)
     td = dense_td(enc["input_ids"], enc["attention_mask"], enc["assistant_masks"])
     dense_sft = lpv(tiny, tokenizer).head_mask(td, "sft")
     history = TransformersWrapper(tiny, tokenizer=tokenizer, generate=False)

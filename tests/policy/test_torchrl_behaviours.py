@@ -109,7 +109,8 @@ class TestWrappers:
     @pytest.mark.parametrize("batched", [True, False])
     def test_history_input_mode(self, tiny, tokenizer, generate, pad_output, batched):
         """Mirrors ``TestWrappers.test_history_input_mode``: in/out keys, every container returned, ``padded`` flags,
-        one shape for all ``full``-aligned tensors, ``str`` response for an unbatched input, list for a batch."""
+        one shape for all ``full``-aligned tensors; generate: ``str`` response for an unbatched input, list for a
+        batch; log-prob version: ``text.response`` / ``text.prompt`` ``None``."""
         w = _wrapper(tiny, tokenizer, input_mode="history", generate=generate, pad_output=pad_output)
         assert w.in_keys == [("history", "prompt" if generate else "full")]
         assert w.out_keys[:5] == OUTS and w.out_keys[5:] == (["truncated"] if generate else [])
@@ -127,6 +128,11 @@ class TestWrappers:
             flat = unpadded if batched else lazy_stack([unpadded])
             ref = [flat[b]["tokens"].full for b in range(flat.batch_size[0])]
         _check_rows(out, pad_output, ref)
+        if not generate:  # as TorchRL: the log-prob version's text is ``full`` only
+            flat = out if batched else lazy_stack([out])
+            assert all(flat[b]["text"].response is None and flat[b]["text"].prompt is None
+                       for b in range(flat.batch_size[0]))
+            return
         response = out["text"].response if not batched else out["text"].get("response", as_list=True)
         assert isinstance(response, str) if not batched else all(isinstance(r, str) for r in response)
 

@@ -193,7 +193,7 @@ def test_history_log_prob_version_returns_text_history_and_the_response(tiny, to
         assert out[b]["tokens", "prompt"].tolist() == ref.prompt.tolist()
         assert out[b]["tokens", "response"].tolist() == ref.response.tolist()
         text = ChatHistory(full=History.from_chats(conv)).to_text(tokenizer)
-        assert (out[b]["text", "full"], out[b]["text", "prompt"], out[b]["text", "response"]) == (
+        assert (out[b]["text"].full, out[b]["text"].prompt, out[b]["text"].response) == (
             text.full, None, None)  # text.full only, as TorchRL
         full_h = out[b]["history", "full"]  # the input row, "<none>"-padded to the batch's longest conversation
         assert [c for c, r in zip(full_h.content, full_h.role) if r != "<none>"] == [m["content"] for m in conv]
@@ -248,7 +248,8 @@ def test_single_message_prompts_generate(tiny, tokenizer):
     out_raw = pol(raw)
     for b in range(2):
         single = History.from_chats([{"role": "user", "content": ["Hi", "Hello there"][b]}])
-        ids = torch.as_tensor(single.apply_chat_template(tokenizer, add_generation_prompt=True, return_dict=False))
+        ids = torch.as_tensor(single.apply_chat_template(tokenizer, add_generation_prompt=True, return_dict=False,
+                                                         tokenize=True))
         assert out[b]["tokens", "prompt"].tolist() == ids.tolist() == out_raw[b]["tokens", "prompt"].tolist()
         assert list(out[b]["history", "full"].role) == ["user", "assistant"]
 

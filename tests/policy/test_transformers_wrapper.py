@@ -103,7 +103,7 @@ def test_log_prob_version_from_history_only_chatml_mask(tiny, tokenizer):
     """tokens.full without masks: the render's mask is used; ChatML's trailing newline is not in tokens.full."""
     conv = [{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "Hello!"}]
     prompt = History.from_chats(conv[:1]).apply_chat_template(tokenizer, add_generation_prompt=True,
-                                                              return_dict=False)
+                                                              return_dict=False, tokenize=True)
     reply = torch.tensor(tokenizer("Hello!", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
     full = torch.cat([prompt, reply])
     td = TensorDict(history=lazy_stack([ChatHistory(full=History.from_chats(conv))]),

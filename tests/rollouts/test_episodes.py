@@ -99,7 +99,7 @@ def test_trajectory_is_sampled_ids_plus_suffixes_and_mask_is_provenance(case, to
                        generate=scripted_generate(replies, seen), seed=11)
     tools_kw = {"tools": tool_schemas(env.tools)} if env.tools else {}
     prompt = History.from_chats([{"role": "user", "content": "Guess my number."}]).apply_chat_template(
-        tok, chat_template=template, add_generation_prompt=True, return_dict=False, **tools_kw)
+        tok, chat_template=template, add_generation_prompt=True, tokenize=True, return_dict=False, **tools_kw)
     suffix_ids = [tok(s, add_special_tokens=False)["input_ids"] for s in suffixes]
     expected = [*replies[0], *suffix_ids[0], *replies[1], *suffix_ids[1], *replies[2]]
     assert torch.equal(traj.prompt_ids, prompt)
@@ -128,14 +128,16 @@ def test_trajectory_is_sampled_ids_plus_suffixes_and_mask_is_provenance(case, to
     assert env.seen[-1] == traj.messages  # the environment saw the conversation, its last turn the decoded reply
 
     history = History.from_chats(traj.messages)
-    rendered = history.apply_chat_template(tok, chat_template=template, tokenize=False, **tools_kw)
+    rendered = history.apply_chat_template(tok, chat_template=template, add_generation_prompt=False, tokenize=False,
+                                           **tools_kw)
     ours = "".join(per_token_text(tok, full))
     if rewrites:  # Qwen3 drops the reasoning of turns before the last user message: a re-render is not what was seen
         assert "reason a" in ours and "reason a" not in rendered
         return
     # the characters the model saw are the rendered History's, and the loss mask covers exactly its assistant spans
     assert rendered.startswith(ours) and rendered[len(ours):].strip() == ""
-    enc = history.apply_chat_template(tok, chat_template=template, return_assistant_tokens_mask=True, **tools_kw)
+    enc = history.apply_chat_template(tok, chat_template=template, add_generation_prompt=False,
+                                      return_assistant_tokens_mask=True, **tools_kw)
     offsets = tok(rendered, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     asst_chars = [False] * len(rendered)
     for (a, b), m in zip(offsets, enc["assistant_masks"].tolist()):
@@ -316,7 +318,8 @@ def test_property_trajectory_equals_history_and_mask_equals_assistant_mask(token
     assert [s.ids.tolist() for s in traj.segments if s.source == "model"] == replies
     assert traj.loss_mask.sum() == sum(map(len, replies)) and traj.turns == len(turns)
     enc = History.from_chats(traj.messages).apply_chat_template(tokenizer, chat_template=template,
-                                                                 return_assistant_tokens_mask=True)
+                                                                 return_assistant_tokens_mask=True,
+                                                                     add_generation_prompt=False)
     full, lp = traj.full_ids.tolist(), traj.prompt_ids.numel()
     assert enc["input_ids"][:len(full)].tolist() == full
     assert torch.equal(enc["assistant_masks"][lp:len(full)], traj.loss_mask)
