@@ -1,4 +1,5 @@
-"""Shared fixtures: the real SmolLM2 tokenizer, a tiny random model, the shared data folder."""
+"""Shared fixtures: the real SmolLM2 tokenizer, a tiny random model, the committed chat templates, and GSM8K from the
+team's shared data folder (the one thing read from beside the checkout; its tests skip naming GSM8K without it)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ TEMPLATES_DIR = Path(__file__).resolve().parent / "fixtures" / "chat_templates"
 GSM8K_DIR = SHARED_DATA / "gsm8k"
 
 
-def require_shared(path: Path) -> Path:
-    """Skip (with the reason) when the shared data the project must not copy is absent."""
+def require_shared(path: Path, what: str = "GSM8K") -> Path:
+    """Skip (naming the data set and the path) when the shared data the project must not copy is absent."""
     if not path.exists():
-        pytest.skip(f"shared test data not found at {path} (set LIT_LLM_SHARED_DATA to the shared/data folder)")
+        pytest.skip(f"{what} test data not found at {path} (the project ships no copy; set LIT_LLM_SHARED_DATA to "
+                    f"the shared/data folder that holds it)")
     return path
 
 

@@ -252,13 +252,14 @@ class History(TensorClass["nocast"]):
         dim = dim % self.ndim
         return self._replace(lazy_stack([*self.unbind(dim), other], dim=dim), inplace)
 
-    def extend(self, other: History, *, inplace: bool = True, dim: int = -1) -> History:
+    def extend(self, other: History, *, inplace: bool = True, dim: int = 0) -> History:
         """Concatenate ``other`` (same number of dimensions) to ``self`` along ``dim``.
 
         Args:
             other: History with ``other.ndim == self.ndim`` and matching sizes on the other dimensions.
             inplace: modify ``self`` (and return it) or return a new History.
-            dim: the dimension to grow (``-1``: messages; ``0`` on a ``[B, n]`` History: conversations).
+            dim: the dimension to grow (TorchRL's default ``0``: the messages of a ``[n]`` History, the
+                conversations of a ``[B, n]`` one; ``-1``: always the messages).
 
         Raises:
             HistoryShapeError: ``self`` has no batch dimension, or the dimensions do not match (a ``ValueError`` and,

@@ -1,6 +1,7 @@
-"""Exact assistant masks (DESIGN.md property 3) for every shared chat template and the SmolLM2 template.
+"""Exact assistant masks (DESIGN.md property 3) for every real-model chat template of the fixtures and the SmolLM2
+template.
 
-The expected strings below are written by hand from reading each template (``../shared/data/chat_templates``) and
+The expected strings below are written by hand from reading each template (``tests/fixtures/chat_templates``) and
 the SmolLM2 tokenizer's merges; they are not produced by the code under test. Each entry is the list of decoded
 contiguous masked runs (one per assistant turn, in order), or the error message the template raises.
 

@@ -132,9 +132,12 @@ def test_append_and_extend_1d():
 
 
 def test_extend_batch_dimension():
+    """TorchRL's default ``dim=0`` grows a ``[B, n]`` History by conversations; ``dim=-1`` by messages."""
     h = History.from_chats([CHAT])
-    out = h.extend(History.from_chats([[*SHORT, SHORT[0]]]), dim=0, inplace=False)
+    out = h.extend(History.from_chats([[*SHORT, SHORT[0]]]), inplace=False)
     assert out.shape == (2, 3) and out.to_chats() == [CHAT, [*SHORT, SHORT[0]]]
+    out = h.extend(History.from_chats([SHORT]), dim=-1, inplace=False)
+    assert out.shape == (1, 5) and out.to_chats() == [CHAT + SHORT]
 
 
 # ---------------------------------------------------------------- rendering outputs

@@ -12,6 +12,7 @@ are checked against hand-written renders of their formats). Masks: the marker pa
 from __future__ import annotations
 
 import copy
+import os
 import re
 import subprocess
 import sys
@@ -88,17 +89,37 @@ def test_every_shipped_template_is_a_package_file_with_its_licences():
     assert {"chatml", "chatml_format", "qwen", "llama", "dialogpt", "falcon", "deepseek"} <= set(chat_template_names())
 
 
+@pytest.mark.slow  # ~10 s: a wheel build and a pip install
 @pytest.mark.timeout(300)
 def test_a_built_wheel_ships_the_templates(tmp_path):
-    """Build the wheel (setuptools, no isolation: offline) and find every template and licence in it."""
-    code = ("import sys; from setuptools import build_meta; "
-            "print(build_meta.build_wheel(sys.argv[1]))")
-    subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, check=True, capture_output=True,
+    """Build the wheel from a copy of the sources (setuptools, no isolation: offline; the checkout is left alone),
+    find every template and licence in it, install it (not editable) into a folder and load a named template there
+    from a process that imports lit_llm from that folder only."""
+    import shutil
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "lit_llm", src / "lit_llm", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=src, check=True, capture_output=True,
                    timeout=280)
     (wheel,) = tmp_path.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for file in [*CHAT_TEMPLATE_FILES.values(), "LICENSE-chujiezheng-chat-templates", "LICENSE-trl-templates"]:
         assert f"lit_llm/data/templates/{file}" in names, file
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--target",
+                    str(site), str(wheel)], check=True, capture_output=True, timeout=120)
+    probe = ("import lit_llm, sys; from lit_llm.data.template_registry import CHAT_TEMPLATE_FILES, "
+             "get_chat_template; print(lit_llm.__file__); "
+             "print(sum(bool(get_chat_template(n)) for n in CHAT_TEMPLATE_FILES), len(CHAT_TEMPLATE_FILES))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**env, "PYTHONPATH": str(site)},
+                         check=True, capture_output=True, text=True, timeout=120).stdout.split("\n")
+    assert out[0] == str(site / "lit_llm" / "__init__.py")  # the installed copy, not the checkout
+    assert out[1] == f"{len(CHAT_TEMPLATE_FILES)} {len(CHAT_TEMPLATE_FILES)}"
 
 
 @pytest.mark.parametrize("name", sorted(set(CHAT_TEMPLATE_FILES) - {"falcon", "llama"}))  # those two: below
