@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lit_llm.data import History, add_chat_template
-from lit_llm.data.template_registry import CHAT_TEMPLATE_FILES, remove_chat_template
+from lit_llm.data.template_registry import CHAT_TEMPLATE_FILES, get_chat_template, remove_chat_template
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = sorted(CHAT_TEMPLATE_FILES)
@@ -153,8 +153,9 @@ This is the second prompt, the first for the assistant.""")
 
 
 def test_torchrl_example_add_chat_template(tokenizer):
-    """``add_chat_template``'s docstring (Llama-2's tokenizer there; here SmolLM2's, renamed and without its own
-    template, since lit_llm's detection never replaces a tokenizer's own template)."""
+    """``add_chat_template``'s docstring, under its own name ``"llama"`` (Llama-2's tokenizer there; here SmolLM2's,
+    renamed and without its own template, since lit_llm's detection never replaces a tokenizer's own template). An
+    added template shadows the shipped one of that name until ``remove_chat_template``, which brings it back."""
     import copy
     import re
 
@@ -182,8 +183,9 @@ def test_torchrl_example_add_chat_template(tokenizer):
             messages.append(History(role="assistant", content=assistant_content.strip()))
         return lazy_stack(messages)
 
+    shipped_llama = get_chat_template("llama")
     add_chat_template(
-        template_name="llama-example",
+        template_name="llama",
         template=llama_template,
         inverse_parser=parse_llama_text,
         model_family_keywords=["llama", "meta-llama"],
@@ -204,7 +206,7 @@ def test_torchrl_example_add_chat_template(tokenizer):
         )
         explicit = history.apply_chat_template(
             tokenizer=tok,
-            chat_template_name="llama-example",
+            chat_template_name="llama",
             add_generation_prompt=False,
             return_dict=True,
             return_assistant_tokens_mask=True,
@@ -213,10 +215,11 @@ def test_torchrl_example_add_chat_template(tokenizer):
         masked = tok.decode(result["input_ids"][0][result["assistant_masks"][0].bool()])
         assert masked == "Hi there!</s>"
         text = history.apply_chat_template(tokenizer=tok, add_generation_prompt=False, tokenize=False)[0]
-        assert History.from_text(text, chat_template_name="llama-example").to_chats() == [
+        assert History.from_text(text, chat_template_name="llama").to_chats() == [
             {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi there!"}]
     finally:
-        remove_chat_template("llama-example")
+        remove_chat_template("llama")
+    assert get_chat_template("llama") == shipped_llama
 
 
 def test_torchrl_example_from_text(tokenizer):
