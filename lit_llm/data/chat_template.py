@@ -15,6 +15,7 @@ it used to hold.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,10 @@ from lit_llm.data.template_registry import (
 )
 
 __all__ = [
-    "CHAT_TEMPLATE_ALIASES", "CHAT_TEMPLATE_FILES", "CONTINUATION_ANCHOR", "STOP_STRINGS", "Renderer",
-    "add_chat_template", "canonical_template_name", "chat_template_names", "chat_templates_dir",
-    "detect_template_name", "get_chat_template", "render_continuation", "resolve_template", "set_chat_template",
-    "template_takes_tools",
+    "CHAT_TEMPLATE_ALIASES", "CHAT_TEMPLATE_FILES", "CONTINUATION_ANCHOR", "STANDARD_TEMPLATE_VARIABLES",
+    "STOP_STRINGS", "Renderer", "add_chat_template", "canonical_template_name", "chat_template_names",
+    "chat_templates_dir", "check_template_kwargs", "detect_template_name", "get_chat_template",
+    "render_continuation", "resolve_template", "set_chat_template", "template_takes_tools", "template_variables",
 ]
 
 # Names other modules import (kept so they keep working).
@@ -50,6 +51,17 @@ _ = (add_chat_template,)
 def template_takes_tools(template: str) -> bool:
     """Whether a Jinja chat template reads the ``tools`` variable (Qwen2.5, Qwen3, Llama-3.1 do; SmolLM2's, ChatML
     and Llama-3's do not: tools must then be described in the system prompt).
+
+    Raises:
+        ChatTemplateError: the template is not valid Jinja.
+    """
+    return "tools" in template_variables(template)
+
+
+def template_variables(template: str) -> set[str]:
+    """The variables a Jinja chat template reads from its context (jinja2's ``meta.find_undeclared_variables``:
+    every name read before the template sets it, e.g. ``{"messages", "add_generation_prompt", "enable_thinking"}``
+    for Qwen3's), transformers' ``{% generation %}`` tags ignored.
 
     Raises:
         ChatTemplateError: the template is not valid Jinja.
@@ -65,7 +77,52 @@ def template_takes_tools(template: str) -> bool:
         ast = ImmutableSandboxedEnvironment(extensions=[loopcontrols]).parse(text)
     except TemplateSyntaxError as e:
         raise ChatTemplateError(f"chat template is not valid Jinja: {e}") from e
-    return "tools" in meta.find_undeclared_variables(ast)
+    return set(meta.find_undeclared_variables(ast))
+
+
+#: What every render gives a template besides ``chat_template_kwargs``: transformers' own arguments and globals
+#: (``render_jinja_template``) and the tokenizer's special tokens. A key among them overrides it, so it is never
+#: reported as unread.
+STANDARD_TEMPLATE_VARIABLES = frozenset({
+    "messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "raise_exception",
+    "strftime_now", "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+    "additional_special_tokens"})
+
+
+def check_template_kwargs(template: str, kwargs: Mapping[str, Any], *, template_name: str,
+                          option: str = "--model.init_args.chat_template_kwargs") -> None:
+    """Refuse ``chat_template_kwargs`` keys the chat template never reads: Jinja renders an unknown variable as
+    undefined without a word, so a misspelled ``enable_thinkng`` would leave the template's default in force.
+
+    Args:
+        template: the Jinja text the renders use.
+        kwargs: the template variables given (``chat_template_kwargs``).
+        template_name: names the template in the message (file name, template name, ``"tokenizer default"``).
+        option: the option that holds ``kwargs``, named in the message.
+
+    Raises:
+        ChatTemplateError: names the unread key(s), a close match (``difflib``) where there is one, the variables
+            the template reads besides :data:`STANDARD_TEMPLATE_VARIABLES`, and the fix; also a template that is
+            not valid Jinja.
+    """
+    import difflib
+
+    if not kwargs:
+        return
+    reads = template_variables(template)
+    own = sorted(reads - STANDARD_TEMPLATE_VARIABLES)
+    unread = [k for k in kwargs if k not in reads and k not in STANDARD_TEMPLATE_VARIABLES]
+    if not unread:
+        return
+    key = unread[0]
+    close = difflib.get_close_matches(key, own, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    listed = (f"it reads {', '.join(own)}" if own else
+              "it reads no variable besides the standard ones (messages, add_generation_prompt, tools, ...)")
+    more = f" (also unread: {', '.join(repr(k) for k in unread[1:])})" if unread[1:] else ""
+    raise ChatTemplateError(
+        f"{option}: the chat template ({template_name}) never reads {key!r}{more}, so it would be ignored; "
+        f"{listed}.{hint} Fix: use one of its variables, or drop the key.")
 
 
 def _own_template(tokenizer: Any, tools: Any) -> str | None:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["DataFormatError", "Skipped", "note_skip", "read_jsonl", "to_messages"]
+__all__ = ["DataFormatError", "Skipped", "check_renames", "note_skip", "read_jsonl", "to_messages"]
 
 
 class DataFormatError(ValueError):
@@ -105,3 +106,33 @@ def to_messages(value: Any, default_role: str, key: str, where: str) -> list[dic
 
 
 _messages = to_messages  # the older private name
+
+
+def check_renames(rename: Mapping[str, str], columns: Sequence[str], where: str,
+                  origin: Mapping[str, str] | None = None) -> None:
+    """Refuse a ``rename_columns`` entry that would silently do nothing or lose a column: a source column the data
+    does not have, or a new name that is already a column (not itself renamed) or the target of another entry.
+
+    Args:
+        rename: ``{file column: new name}``.
+        columns: the first row's columns (every row has them: the readers check).
+        where: the first row's ``file:line`` / ``file:row N``.
+        origin: ``{file column: option}`` naming where an entry comes from (default ``--data.rename_columns``).
+
+    Raises:
+        DataFormatError: names the entry, the file and its columns, and the fix.
+    """
+    origin = origin or {}
+    file = where.rsplit(":", 1)[0]
+    kept = [c for c in columns if c not in rename]
+    for old, new in rename.items():
+        option = origin.get(old, "--data.rename_columns")
+        if old not in columns:
+            raise DataFormatError(f"{option} renames column {old!r} to {new!r}, but {file} has no column {old!r} "
+                                  f"(its columns: {sorted(columns)}). Fix: use one of its columns as the key.")
+        clash = [o for o, n in rename.items() if n == new and o != old and o in columns]
+        if new in kept or clash:
+            other = f"column {new!r}" if new in kept else f"column {clash[0]!r} (also renamed to {new!r})"
+            raise DataFormatError(f"{option} renames column {old!r} to {new!r}, but {file} also has {other}: one "
+                                  f"would silently replace the other (its columns: {sorted(columns)}). Fix: rename "
+                                  f"or drop one of them.")

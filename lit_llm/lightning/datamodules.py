@@ -22,6 +22,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
+from lit_llm.data.chat_template import check_template_kwargs, resolve_template
 from lit_llm.data.datasets import (
     DataFormatError,
     Example,
@@ -38,7 +39,7 @@ from lit_llm.data.rows import Skipped
 from lit_llm.objectives.sft import loss_mask
 
 __all__ = ["SYNTHETIC_FORMATS", "SFTDataModule", "StepBatchLoader", "calculator_examples", "deprecated_alias",
-           "module_attr", "resolve_tokenizer", "template_options"]
+           "model_context", "module_attr", "resolve_tokenizer", "template_options"]
 
 Head = Literal["sft", "rlhf", "generic"]
 SYNTHETIC_FORMATS = ("arithmetic", "calculator")
@@ -61,12 +62,28 @@ def module_attr(datamodule: LightningDataModule, name: str) -> Any:
     return getattr(module, name, None)
 
 
+def model_context(datamodule: LightningDataModule) -> int | None:
+    """The attached module's model context (``model.config.max_position_embeddings``), ``None`` when unknown."""
+    context = getattr(getattr(module_attr(datamodule, "model"), "config", None), "max_position_embeddings", None)
+    return context if isinstance(context, int) else None
+
+
 def template_options(datamodule: Any) -> tuple[Any, dict[str, Any]]:
     """``(chat_template, chat_template_kwargs)`` a data module renders with: its own ``chat_template`` when set, else
-    the attached module's; always the module's ``chat_template_kwargs`` (``{}`` without one)."""
+    the attached module's; always the module's ``chat_template_kwargs`` (``{}`` without one).
+
+    Raises:
+        ChatTemplateError: a ``chat_template_kwargs`` key that template never reads (with the data module's
+            ``tokenizer`` set: :func:`~lit_llm.data.chat_template.check_template_kwargs`).
+    """
     own = getattr(datamodule, "chat_template", None)
     template = own if own is not None else module_attr(datamodule, "chat_template")
-    return template, module_attr(datamodule, "chat_template_kwargs") or {}
+    kwargs = module_attr(datamodule, "chat_template_kwargs") or {}
+    tokenizer = getattr(datamodule, "tokenizer", None)
+    if kwargs and tokenizer is not None:
+        text, name = resolve_template(tokenizer, template)
+        check_template_kwargs(text, kwargs, template_name=name)
+    return template, kwargs
 
 
 def deprecated_alias(owner: str, new: str, new_value: Any, new_default: Any, old: str, old_value: Any) -> Any:
@@ -203,7 +220,9 @@ class SFTDataModule(LightningDataModule):
     online), or a synthetic task (arithmetic; calculator tool traces), tokenised for SFT.
 
     Every row is rendered once with the chat template (masks from the full render, DESIGN.md property 3), truncated
-    to ``max_length`` tokens keeping the start; rows left with no token for the loss head are dropped and counted
+    to ``max_length`` tokens keeping the start; a row still longer than the attached model's context
+    (``max_position_embeddings``) is a bad row (named at setup); rows left with no token for the loss head are
+    dropped and counted
     (``num_dropped_no_tokens``); bad rows stop the run naming file and line, or are skipped and counted
     (``num_skipped_rows``) with ``on_bad_row="skip"``. The tokenizer and loss head default to the attached
     LightningModule's (``model.tokenizer``, ``model.loss``, ``model.chat_template``, ``model.chat_template_kwargs``),
@@ -399,10 +418,12 @@ class SFTDataModule(LightningDataModule):
         template, template_kwargs = template_options(self)
         if self.tools is not None:
             template_kwargs = {**template_kwargs, "tools": self.tools}
+        context = model_context(self)
         for ex in examples:
             try:
                 s = tokenize_example(ex, self.tokenizer, chat_template=template, max_length=self.max_length,
                                      chat_template_kwargs=template_kwargs)
+                self._check_context(s, ex.sample_id, context)
             except DataFormatError as e:
                 if self.on_bad_row == "raise":
                     raise DataFormatError(f"{e} Fix the row, or set --data.on_bad_row skip.") from e
@@ -421,6 +442,20 @@ class SFTDataModule(LightningDataModule):
                 f"{len(examples)} rows; {self.num_dropped_no_tokens} emptied by max_length={self.max_length}). "
                 f"Raise --data.max_length or check the data.")
         return out
+
+    def _check_context(self, sample: TokenizedExample, sample_id: str, context: int | None) -> None:
+        """Refuse a sample longer than the model's context (``max_length`` above it), naming its row at setup
+        rather than when a step draws it.
+
+        Raises:
+            DataFormatError: names the row, its length, the context and the ``max_length`` fix.
+        """
+        if context is None or len(sample) <= context:
+            return
+        cut = f" (cut to --data.max_length {self.max_length})" if sample.truncated else ""
+        raise DataFormatError(f"{sample_id}: {len(sample)} tokens{cut}, more than the model's context of {context} "
+                              f"tokens: set --data.max_length {context} (or lower) to truncate such rows, keeping "
+                              f"the start.")
 
     def _log_counts(self) -> None:
         """Log the ``data/*`` counts of :meth:`setup` at step 0, once, from :meth:`train_dataloader` (called after a

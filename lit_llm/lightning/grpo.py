@@ -203,7 +203,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             while fewer than ``data.batch_size`` groups of the step differ, the next prompt batches of the epoch are
             rolled out too (``max_sampling_rounds`` rollouts per step at most), the informative groups are kept
             (then zero-std ones if the rounds run out: the batch keeps its size) and the advantages recomputed over
-            the kept rows (:mod:`lit_llm.rollouts.dynamic_sampling`). Logged: ``train/sampling_rounds``;
+            the kept rows (:mod:`lit_llm.rollouts.dynamic_sampling`). Logged: ``train/sampling_rounds``,
+            ``train/sampling_cap_reached`` (steps left short of informative groups so far, warned about);
             ``train/frac_reward_zero_std`` stays the fraction over every group drawn, ``train/reward`` and the
             reward means are the trained batch's. Costs generation time (each round is a rollout) and uses up the
             epoch's prompts faster.

@@ -41,8 +41,9 @@ from lit_llm.data.arithmetic import DEFAULT_TEMPLATE, arithmetic_prompts, arithm
 from lit_llm.data.datasets import DataFormatError, with_system_prompt
 from lit_llm.data.datasets import to_messages as _messages
 from lit_llm.data.prompts import tokenize_prompts
+from lit_llm.data.rows import check_renames
 from lit_llm.data.sources import read_rows
-from lit_llm.lightning.datamodules import module_attr, template_options
+from lit_llm.lightning.datamodules import model_context, module_attr, template_options
 from lit_llm.rollouts.engine import RESERVED_KEYS
 
 __all__ = ["BUILTIN_TASKS", "ENVIRONMENT_TASKS", "GRPODataModule", "PromptBatchLoader", "collate_prompts",
@@ -63,7 +64,8 @@ GSM8K_COLUMNS = {"question": "prompt"}
 def prompt_rows(source: str, *, rename_columns: Mapping[str, str] | None = None, required: Sequence[str] = (),
                 system_prompt: str | None = None, string_prompts: Literal["text", "chat"] = "text",
                 limit: int | None = None, on_bad_row: Literal["raise", "skip"] = "raise",
-                option: str = "--data.path", split: str = "train") -> list[dict[str, Any]]:
+                option: str = "--data.path", split: str = "train",
+                rename_origin: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Read a prompt dataset: rows with a ``prompt`` column (after ``rename_columns``) and any other columns.
 
     Args:
@@ -79,6 +81,7 @@ def prompt_rows(source: str, *, rename_columns: Mapping[str, str] | None = None,
         on_bad_row: ``"raise"`` stops at a bad row naming its ``file:line`` / ``file:row N``; ``"skip"`` drops it.
         option: the CLI option that holds ``source``, named in errors.
         split: the Hub split when ``source`` names none.
+        rename_origin: ``{file column: the option that renames it}``, named in errors (``--data.rename_columns``).
 
     Returns:
         Rows ``{"prompt": str | [messages], <other columns>..., "sample_id": "file:line"}``, every row with the same
@@ -86,16 +89,17 @@ def prompt_rows(source: str, *, rename_columns: Mapping[str, str] | None = None,
 
     Raises:
         FileNotFoundError, HubOfflineError: see :func:`lit_llm.data.sources.read_rows`.
-        DataFormatError: no ``prompt`` column (the message lists the columns and the ``rename_columns`` fix), a
-            column named ``prompt_ids`` / ``sample_id``, a system prompt for text prompts, or (``on_bad_row="raise"``)
-            a row with a missing/empty required value, a bad prompt or other columns than the first row; also when
-            no row is left.
+        DataFormatError: a bad ``rename_columns`` entry (:func:`~lit_llm.data.rows.check_renames`), no ``prompt``
+            column (the message lists the columns and the ``rename_columns`` fix), a column named ``prompt_ids`` /
+            ``sample_id``, a system prompt for text prompts, or (``on_bad_row="raise"``) a row with a missing/empty
+            required value, a bad prompt or other columns than the first row; also when no row is left.
     """
     rename = dict(rename_columns or {})
     original = {new: old for old, new in rename.items()}
     raw = read_rows(source, split=split, option=option, on_bad_row=on_bad_row, limit=limit)
-    first = [rename.get(k, k) for k in raw[0][1]]
     where0 = raw[0][0]
+    check_renames(rename, list(raw[0][1]), where0, rename_origin)
+    first = [rename.get(k, k) for k in raw[0][1]]
     if "prompt" not in first:
         raise DataFormatError(f"{where0}: no 'prompt' column (columns: {sorted(raw[0][1])}). Fix: name the prompt "
                               f"column 'prompt', or map it with --data.rename_columns '{{\"<column>\": \"prompt\"}}'.")
@@ -161,7 +165,8 @@ def gsm8k_prompts(path: str, *, option: str = "--data.path", system_prompt: str 
             row left.
     """
     return prompt_rows(path, rename_columns=GSM8K_COLUMNS, required=("answer",), system_prompt=system_prompt,
-                       string_prompts="chat", limit=limit, on_bad_row=on_bad_row, option=option, split=split)
+                       string_prompts="chat", limit=limit, on_bad_row=on_bad_row, option=option, split=split,
+                       rename_origin={k: "--data.task gsm8k" for k in GSM8K_COLUMNS})
 
 
 def environment_rows(task: str, n: int, *, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
@@ -302,7 +307,8 @@ class GRPODataModule(LightningDataModule):
         chat_template: Jinja string or ``.jinja`` path (``None`` = the attached module's ``chat_template``, else the
             tokenizer's own). Template variables come from the module's ``chat_template_kwargs``.
         max_prompt_length: drop (and count) prompts with more tokens (``None`` = keep all).
-        on_bad_row: rows of ``path`` / ``eval_path``: ``"raise"`` (stop naming file and line) or ``"skip"``.
+        on_bad_row: rows of ``path`` / ``eval_path``: ``"raise"`` (stop naming file and line) or ``"skip"``; also
+            a prompt that overflows the model's context with the module's ``(eval_)max_new_tokens`` (setup checks).
         seed: problem generation, evaluation hold-out and per-epoch shuffling.
         tokenizer: model name or path whose tokenizer renders the prompts; ``None`` = the attached module's.
 
@@ -350,6 +356,7 @@ class GRPODataModule(LightningDataModule):
         self.task: str | None = "arithmetic" if task is None and not path else task
         self.path, self.eval_path = path, eval_path
         self.rename_columns = {**(GSM8K_COLUMNS if task == "gsm8k" else {}), **(rename_columns or {})}
+        self._rename_origin = {k: "--data.task gsm8k" for k in self.rename_columns if k not in (rename_columns or {})}
         self.string_prompts = string_prompts or ("chat" if task == "gsm8k" else "text")
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_train, self.num_eval, self.low, self.high = num_train, num_eval, low, high
@@ -362,12 +369,13 @@ class GRPODataModule(LightningDataModule):
         self.eval_rows: list[dict[str, Any]] = []
         self.columns: list[str] | None = ["answer"] if self.task == "arithmetic" else None
         self.num_dropped_long = 0
+        self.num_skipped_long = 0  # prompts over the context with max_new_tokens, skipped (on_bad_row="skip")
 
     def _read(self, source: str, *, option: str, limit: int | None, split: str) -> list[dict[str, Any]]:
         return prompt_rows(source, rename_columns=self.rename_columns,
                            required=("answer",) if self.task == "gsm8k" else (), system_prompt=self.system_prompt,
                            string_prompts=self.string_prompts, limit=limit, on_bad_row=self.on_bad_row,
-                           option=option, split=split)
+                           option=option, split=split, rename_origin=self._rename_origin)
 
     def setup(self, stage: str | None = None) -> None:
         """Build (arithmetic) or read (a prompt dataset, GSM8K) the prompts, render them once (``prompt_ids``) and
@@ -375,7 +383,8 @@ class GRPODataModule(LightningDataModule):
 
         Raises:
             FileNotFoundError, HubOfflineError, DataFormatError: see :func:`prompt_rows`; also evaluation rows
-                without a training column, or no training prompt left after ``max_prompt_length``.
+                without a training column, a prompt over the model's context with ``max_new_tokens`` (names its
+                ``file:line``), or no training prompt left after ``max_prompt_length``.
         """
         if self.tokenizer is None:
             from lit_llm.lightning.datamodules import resolve_tokenizer
@@ -426,18 +435,37 @@ class GRPODataModule(LightningDataModule):
             raise DataFormatError(f"{held[0]['sample_id']}: the evaluation prompts lack the training column(s) "
                                   f"{missing} the reward functions receive. Fix: give --data.eval_path the same "
                                   f"columns as --data.path.")
-        self.train_rows = self._render(train)
-        self.eval_rows = self._render(held)
+        self.train_rows = self._render(train, "max_new_tokens")
+        self.eval_rows = self._render(held, "eval_max_new_tokens")
         rank_zero_info(f"GRPODataModule({self.task or self.path}): {len(self.train_rows)} training / "
                        f"{len(self.eval_rows)} evaluation prompts, reward columns {self.columns}; "
-                       f"{self.num_dropped_long} dropped (longer than max_prompt_length={self.max_prompt_length}).")
+                       f"{self.num_dropped_long} dropped (longer than max_prompt_length={self.max_prompt_length}), "
+                       f"{self.num_skipped_long} skipped (over the model's context with max_new_tokens).")
         if not self.train_rows:
             raise DataFormatError(f"GRPODataModule: no training prompt left (max_prompt_length="
-                                  f"{self.max_prompt_length} dropped {self.num_dropped_long}); raise it.")
+                                  f"{self.max_prompt_length} dropped {self.num_dropped_long}, "
+                                  f"{self.num_skipped_long} skipped over the model's context); raise it, or lower "
+                                  f"--model.init_args.max_new_tokens.")
 
-    def _render(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _too_long(self, sample_id: str, length: int, budget: tuple[int | None, Any], option: str) -> bool:
+        """Whether a prompt of ``length`` tokens overflows ``budget = (context, max_new_tokens)`` (the generate
+        version's rule) and is skipped (``on_bad_row="skip"``, counted); with ``"raise"`` a DataFormatError."""
+        context, new_tokens = budget
+        if context is None or not isinstance(new_tokens, int) or length + new_tokens <= context:
+            return False
+        self.num_skipped_long += self.on_bad_row == "skip"
+        if self.on_bad_row == "skip":
+            return True
+        drop = f"set --data.max_prompt_length {context - new_tokens} (drops longer prompts, counted), " \
+            if context > new_tokens else ""
+        raise DataFormatError(f"{sample_id}: the prompt has {length} tokens; with {option}={new_tokens} it exceeds "
+                              f"the model's context of {context} tokens. Fix: shorten the row, {drop}lower "
+                              f"--model.init_args.{option}, or set --data.on_bad_row skip.")
+
+    def _render(self, rows: list[dict[str, Any]], new_tokens_option: str) -> list[dict[str, Any]]:
         if not rows:
             return []
+        budget = (model_context(self), module_attr(self, new_tokens_option))
         template, kwargs = template_options(self)
         out = []
         for r in rows:
@@ -449,6 +477,8 @@ class GRPODataModule(LightningDataModule):
                                       ) from e
             if self.max_prompt_length is not None and p.numel() > self.max_prompt_length:
                 self.num_dropped_long += 1
+                continue
+            if self._too_long(r["sample_id"], p.numel(), budget, new_tokens_option):
                 continue
             out.append({**r, "prompt_ids": p})
         return out

@@ -148,6 +148,7 @@ def rollout_metrics(module: Any, rollout: RolloutBatch, *, staleness: int, wait_
     versions = module.versions
     if versions.dynamic_sampling:
         log["train/sampling_rounds"] = float(versions.last_sampling_rounds)
+        log["train/sampling_cap_reached"] = float(versions.sampling_cap.count)
     if gen_time > 0:  # this rank's generation throughput (dynamic sampling: every round's tokens, not the kept)
         generated = (versions.last_generated_tokens if versions.dynamic_sampling
                      else rollout.completion_lengths.float().sum())

@@ -10,7 +10,8 @@ import torch
 
 from lit_llm.models import ModelConfig
 
-__all__ = ["check_manual_optimization_options", "check_weights_precision", "load_policy_model"]
+__all__ = ["check_lora_targets", "check_manual_optimization_options", "check_weights_precision",
+           "linear_module_names", "load_policy_model"]
 
 
 def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
@@ -28,8 +29,8 @@ def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
         FileNotFoundError: unknown name / path, a Hub id not cached while ``HF_HUB_OFFLINE`` is set (see
             :func:`lit_llm.models.load_model`).
         ValueError: an invalid option (:class:`~lit_llm.models.ModelConfig`); a chat template that does not resolve
-            (:class:`~lit_llm.data.errors.ChatTemplateError`); ``lora_target_modules`` that match no layer of the
-            model (peft's message) or that put an adapter on the output head.
+            (:class:`~lit_llm.data.errors.ChatTemplateError`); a ``lora_target_modules`` entry that matches no module
+            of the model (:func:`check_lora_targets`) or that puts an adapter on the output head.
     """
     from lit_llm.data.chat_template import set_chat_template
     from lit_llm.models import get_peft_config, load_model, load_tokenizer, tiny_model
@@ -48,9 +49,45 @@ def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
 
         from lit_llm.policy.logprobs import lm_head
 
+        check_lora_targets(model, config.lora_target_modules)
         model = get_peft_model(model, get_peft_config(config))
         lm_head(model)  # a regex target that caught the output head is refused here (the kernel reads its weight)
     return model, tokenizer
+
+
+def linear_module_names(model: torch.nn.Module) -> list[str]:
+    """The short (leaf) names of the model's linear layers, deduplicated and sorted, the output head left out (it
+    never takes an adapter): e.g. ``["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]``
+    for a Llama. GPT-2's ``Conv1D`` layers count as linear (peft adapts them the same way)."""
+    from transformers.pytorch_utils import Conv1D
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear | Conv1D) and m is not head and name})
+
+
+def check_lora_targets(model: torch.nn.Module, targets: list[str] | None) -> None:
+    """Refuse ``lora_target_modules`` entries that match no module of ``model``. peft matches each entry as a module
+    name or a suffix after a ``.`` (``q_proj``, ``self_attn.q_proj``) and raises only when no entry matches anything,
+    so a misspelled entry next to a valid one (``["q_proj", "vproj"]``) would train without its adapters.
+
+    Args:
+        model: the base model, before ``get_peft_model``.
+        targets: the ``lora_target_modules`` option (``None`` and ``["all-linear"]``: peft's choice, not checked).
+
+    Raises:
+        ValueError: names the entries that match nothing and lists :func:`linear_module_names`, with the fix.
+    """
+    if targets is None or list(targets) == ["all-linear"]:
+        return
+    names = [name for name, _ in model.named_modules() if name]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        raise ValueError(
+            f"--model.init_args.lora_target_modules: {', '.join(repr(t) for t in missing)} "
+            f"match{'es' if len(missing) == 1 else ''} no module of the model, so "
+            f"{'it' if len(missing) == 1 else 'they'} would get no adapter. The model's linear layers are: "
+            f"{', '.join(linear_module_names(model))}. Fix: name some of these, or use [all-linear].")
 
 
 def check_weights_precision(model: torch.nn.Module, precision: str, dtype_option: str) -> None:

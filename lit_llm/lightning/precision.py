@@ -61,6 +61,7 @@ register_type(PrecisionInput, serializer=lambda value: value, deserializer=_not_
               type_check=lambda value, _: value is None or value in PRECISION_VALUES)
 
 _BF16 = ("bf16", "bf16-mixed", "bf16-true")
+_FP16_MIXED = ("16", "16-mixed")  # str() of Lightning's spellings of fp16 AMP (16, "16", "16-mixed")
 # oneDNN ISAs (ONEDNN_MAX_CPU_ISA) without bf16 dot products; ATEN_CPU_CAPABILITY values below AVX-512.
 _ONEDNN_NO_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
 _ATEN_NO_BF16 = {"default", "avx2"}
@@ -167,6 +168,10 @@ def _check(value: Any) -> None:
 def explain_precision(value: Any, accelerator: Any = "auto", *, warn: bool = True) -> tuple[Any, str]:
     """:func:`resolve_precision` and the one line that says what was chosen and why.
 
+    ``16-mixed`` (or ``16``) on the CPU, where there is no fp16 AMP, becomes ``bf16-mixed`` here, with a warning,
+    rather than inside the ``Trainer`` (Lightning's own fallback), so ``config.yaml`` and the ``precision``
+    hyperparameter say what runs.
+
     Returns:
         ``(precision, line)``, e.g. ``("bf16-mixed", "precision: auto -> bf16-mixed (CPU with AVX512-BF16)")`` or
         ``("32-true", "precision: 32-true (as given; auto would choose bf16-mixed: CPU with AVX512-BF16)")``.
@@ -177,6 +182,15 @@ def explain_precision(value: Any, accelerator: Any = "auto", *, warn: bool = Tru
     if value == "auto":
         return auto, f"precision: auto -> {auto} ({reason})"
     device = _device(accelerator)
+    if device == "cpu" and str(value) in _FP16_MIXED:
+        if warn:
+            slow = "" if native else f" without native bf16 matmuls ({reason}: slower than 32-true)"
+            rank_zero_warn(f"trainer.precision={value!r}: fp16 mixed precision (AMP) is not supported on the CPU, so "
+                           f"the run uses bf16-mixed{slow}, as Lightning would; config.yaml and the precision "
+                           f"hyperparameter say bf16-mixed. Set --trainer.precision auto, 32-true or bf16-mixed to "
+                           f"choose explicitly.", category=UserWarning)
+        return "bf16-mixed", f"precision: {value} -> bf16-mixed (no fp16 AMP on the CPU; auto would choose {auto}: " \
+                             f"{reason})"
     if warn and str(value) in _BF16 and not native and (device == "cpu" or
                                                         (device == "cuda" and torch.cuda.is_available())):
         slowdown = ("bf16 is emulated there: a bf16-mixed SmolLM2-135M step was measured ~5x slower than 32-true on "
@@ -190,7 +204,8 @@ def explain_precision(value: Any, accelerator: Any = "auto", *, warn: bool = Tru
 
 def resolve_precision(value: Any, accelerator: Any = "auto", *, warn: bool = True) -> Any:
     """The ``Trainer`` precision for ``value``: ``"auto"`` becomes ``"bf16-mixed"`` where bf16 matmuls are native
-    (:func:`bf16_support`) and ``"32-true"`` elsewhere; any other value is returned unchanged.
+    (:func:`bf16_support`) and ``"32-true"`` elsewhere; ``"16-mixed"`` on the CPU becomes ``"bf16-mixed"`` (what
+    Lightning runs there, warned); any other value is returned unchanged.
 
     Why it depends on the machine (measured, see the module docstring): with AVX512-BF16 a bf16 matmul ran ~4x faster
     than fp32 (~850 vs ~204 GFLOP/s on 2 cores), while on an AVX2-only EPYC a ``bf16-mixed`` SmolLM2 step was ~5x
@@ -199,7 +214,8 @@ def resolve_precision(value: Any, accelerator: Any = "auto", *, warn: bool = Tru
     Args:
         value: ``"auto"`` or a Lightning precision (``"32-true"``, ``"bf16-mixed"``, ``32``, ``None``, ...).
         accelerator: the ``Trainer``'s ``accelerator`` (``"auto"``, ``"cpu"``, ``"gpu"``, ``"cuda"``, an object).
-        warn: warn (``UserWarning``, rank zero) when ``value`` forces bf16 on a CPU / GPU without native bf16.
+        warn: warn (``UserWarning``, rank zero) when ``value`` forces bf16 on a CPU / GPU without native bf16, or is
+            ``16-mixed`` on the CPU.
 
     Raises:
         ValueError: ``value`` is not a precision (the message lists :data:`PRECISION_VALUES`).

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from lit_llm.rewards import TrainerState
 from lit_llm.rollouts import AsyncRollouts, RolloutBatch, RolloutEngine, policy_responses
-from lit_llm.rollouts.dynamic_sampling import informative_groups, select_groups
+from lit_llm.rollouts.dynamic_sampling import SamplingCap, informative_groups, select_groups
 from lit_llm.rollouts.settings import RolloutSettings
 
 __all__ = ["PolicyVersionSwitch", "StatefulAsyncRollouts"]
@@ -101,6 +101,7 @@ class PolicyVersionSwitch(Callback):
         self._prompt_loader: Any = None
         self.last_sampling_rounds = 1
         self.last_generated_tokens = 0  # dynamic sampling: completion tokens of every round of the last rollout
+        self.sampling_cap = SamplingCap()  # dynamic sampling: steps that stopped short of informative groups
         self.async_rollouts: StatefulAsyncRollouts | None = None
         self._greedy: dict[int, Any] = {}
         self._pending: tuple[RolloutBatch | None, int, float] | None = None
@@ -201,7 +202,7 @@ class PolicyVersionSwitch(Callback):
         ``max_sampling_rounds`` rounds in all; under DDP every rank draws as long as any rank needs more (the same
         number of rounds everywhere, so the loaders stay in step). The trained batch is then
         :func:`~lit_llm.rollouts.dynamic_sampling.select_groups`' (same size; :attr:`last_sampling_rounds` counts the
-        rounds).
+        rounds; a step left short of informative groups is counted and warned about by :attr:`sampling_cap`).
 
         Raises:
             RuntimeError: no rollout engine; ``dynamic_sampling`` without a prompt loader (never wrapped).
@@ -233,6 +234,8 @@ class PolicyVersionSwitch(Callback):
             found += int(informative_groups(more.reward, g).sum())
         self.last_sampling_rounds = len(rollouts)
         self.last_generated_tokens = sum(int(r.completion_lengths.sum()) for r in rollouts)
+        self.sampling_cap.update(found=found, num_groups=num_groups, rounds=len(rollouts),
+                                 max_rounds=self.max_sampling_rounds, step=step)
         return select_groups(rollouts, num_groups, g, scale_rewards=self.engine.scale_rewards,
                              advantage_estimator=self.engine.advantage_estimator)
 

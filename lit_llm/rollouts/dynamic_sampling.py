@@ -9,11 +9,13 @@ further prompt batches for the same step until ``num_groups`` informative groups
 
 Here the batch keeps its size: when the rounds run out first, the remaining slots are filled with zero-std groups
 (first-drawn first), so every step trains ``num_groups`` groups (the same number of micro-batches on every rank,
-which DDP needs). verl instead keeps sampling up to ``max_num_gen_batches`` and then raises.
+which DDP needs). verl instead keeps sampling up to ``max_num_gen_batches`` and then raises. Such a step is counted and
+warned about (:class:`SamplingCap`): with no informative group at all its policy-gradient loss is 0.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -22,7 +24,7 @@ from torch import Tensor
 from lit_llm.objectives.advantages import check_num_generations, compute_advantages
 from lit_llm.rollouts.batch import RolloutBatch
 
-__all__ = ["informative_groups", "select_groups"]
+__all__ = ["SamplingCap", "informative_groups", "select_groups"]
 
 
 def informative_groups(reward: Tensor, num_generations: int) -> Tensor:
@@ -80,3 +82,42 @@ def select_groups(rollouts: Sequence[RolloutBatch], num_groups: int, num_generat
     out.group = torch.arange(num_groups).repeat_interleave(g)
     out.frac_reward_zero_std = 1.0 - sum(int(f.sum()) for f in flags) / drawn
     return out  # generation_time / reward_time: cat's sums, kept by select_rows
+
+
+class SamplingCap:
+    """Counts the steps whose dynamic sampling stopped (``max_sampling_rounds`` reached, or the epoch's prompts used
+    up) before the batch held ``num_groups`` informative groups, and warns (``UserWarning``) on the 1st, 10th, 100th,
+    ... such step: the batch is then topped up with zero-std groups (advantage 0), and with no informative group at
+    all the step's policy-gradient loss is 0 (only a KL or entropy term trains). :attr:`count` is logged as
+    ``train/sampling_cap_reached`` (this rank's; the policy version switch keeps one).
+
+    Attributes:
+        count: such steps so far (this process; not restored on resume).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def update(self, *, found: int, num_groups: int, rounds: int, max_rounds: int, step: int) -> bool:
+        """Record one step's dynamic sampling; ``True`` when it stopped short of ``num_groups`` informative groups.
+
+        Args:
+            found: informative groups among every round's groups (this rank's).
+            num_groups: groups trained per step (this rank's batch, in prompts).
+            rounds: rollouts drawn for the step, its own included.
+            max_rounds: ``max_sampling_rounds``.
+            step: the optimizer step, named in the warning.
+        """
+        if found >= num_groups:
+            return False
+        self.count += 1
+        if str(self.count).strip("0") == "1":  # 1, 10, 100, ...: a steady reminder, not one line per step
+            why = (f"reached max_sampling_rounds={max_rounds}" if rounds >= max_rounds
+                   else f"used up the epoch's prompts after {rounds} round(s)")
+            what = ("so its policy-gradient loss is 0 (all advantages 0)" if found == 0 else
+                    f"the other {num_groups - found} have advantage 0")
+            warnings.warn(f"dynamic sampling {why} at step {step} with {found} of {num_groups} "
+                          f"groups informative (rewards not all equal): {what}. {self.count} such step(s) so far, "
+                          f"logged as train/sampling_cap_reached. Fix: raise --model.init_args.max_sampling_rounds, "
+                          f"give partial credit in the rewards, or use easier prompts.", UserWarning, stacklevel=2)
+        return True

@@ -381,7 +381,8 @@ def test_cli_model_options_survive_checkpoint_and_export(tmp_path, templates_dir
     from lit_llm.lightning.cli import main
 
     root = Path(__file__).resolve().parents[2]
-    path = templates_dir / "chatml.jinja"
+    path = tmp_path / "chatml_thinking.jinja"  # ChatML that reads enable_thinking (an unread key is refused)
+    path.write_text("{%- if enable_thinking is defined %}{% endif %}" + (templates_dir / "chatml.jinja").read_text())
     cli = main(["fit", "--config", str(root / "configs/sft_tiny.yaml"), "--model.init_args.dtype", "bfloat16",
                 "--model.init_args.chat_template", str(path), "--model.init_args.chat_template_kwargs",
                 "{enable_thinking: false}", "--trainer.precision", "bf16-true", "--trainer.max_steps", "1",
