@@ -243,11 +243,11 @@ def test_no_command_and_unknown_command(capsys):
         main([])
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "lit-llm: error: give a command: fit, validate, export, plot, chat, evaluate")
+        "lit-llm: error: give a command: fit, validate, export, plot, chat, evaluate, predict")
     with pytest.raises(SystemExit) as exc:
         main(["fitt", "--config", SFT])
     assert exc.value.code == ("lit-llm: error: unknown command 'fitt'; use one of: fit, validate, "
-                              "export, plot, chat, evaluate (did you mean fit?)")
+                              "export, plot, chat, evaluate, predict (did you mean fit?)")
 
 
 def test_export_errors_are_one_message(tmp_path, capsys, monkeypatch):
