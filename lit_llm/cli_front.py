@@ -77,7 +77,7 @@ EXTRA_COMMANDS: dict[str, Command] = {
     "plot": Command("Draw a run's training curves (CSV log) as a PNG.", "lit_llm.plot:command"),
     "chat": Command("Chat with a model or checkpoint, multi-turn.", "lit_llm.chat:command"),
     "evaluate": Command("Greedy GSM8K accuracy of a model or checkpoint.", "lit_llm.evaluation:command"),
-    "predict": Command("Greedy completions (and rewards) for a prompt file, as JSONL.",
+    "predict": Command("Greedy completions and rewards for a prompt file.",
                        "lit_llm.evaluation:predict_command"),
 }
 

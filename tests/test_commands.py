@@ -37,7 +37,7 @@ def test_help_lists_only_offered_commands():
     text = cli_front.top_parser().format_help()
     assert text.startswith("usage: lit-llm [-h] {fit,validate,export,plot,chat,evaluate,predict} ...")
     assert "    test " not in text
-    assert "Greedy completions (and rewards) for a prompt file, as JSONL." in text
+    assert "    predict             Greedy completions and rewards for a prompt file.\n" in text
 
 
 def test_chat_defaults_to_the_embedded_model():
