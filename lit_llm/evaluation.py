@@ -330,7 +330,8 @@ def predict_command(argv: Sequence[str]) -> list[dict]:
         raise IsADirectoryError(f"lit-llm predict: --out {str(out)!r} is a folder; give a file path (.jsonl).")
     from lit_llm.lightning.export import check_writable_folder, load_inference_policy
 
-    check_writable_folder(out.parent, "--out", "lit-llm predict")
+    if not out.exists():
+        check_writable_folder(out, "--out", "lit-llm predict")
     policy = load_inference_policy(args.model, device=args.device, who="lit-llm predict")
     rows, gen = predict(policy.model, policy.tokenizer, args.data, reward_funcs=args.reward_funcs,
                         limit=args.limit or None, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,

@@ -62,9 +62,15 @@ def export_contents(folder: str | os.PathLike) -> tuple[bool, list[str]]:
     return (not foreign and weights and {"config.json", "tokenizer_config.json"} <= names), foreign
 
 
-def check_writable_folder(path: str | os.PathLike, option: str, who: str = "lit-llm") -> None:
+def check_writable_folder(path: str | os.PathLike, option: str, who: str | None = None) -> None:
     """Refuse a folder to be created under a regular file (``--out file.txt/hf``, ``--trainer.default_root_dir
     notes.md/run``) before anything is loaded or written.
+
+    Args:
+        path: the folder (it need not exist).
+        option: the option that gave it (``--out``, ``--trainer.default_root_dir``), named in the message.
+        who: the command prefixed to the message (``"lit-llm export"``); ``None``: no prefix (the LightningCLI
+            commands print ``lit-llm: error:`` before it).
 
     Raises:
         NotADirectoryError: ``path`` or one of its parents is an existing file that is not a folder (the message
@@ -75,8 +81,8 @@ def check_writable_folder(path: str | os.PathLike, option: str, who: str = "lit-
         if folder.exists() or folder.is_symlink():
             if not folder.is_dir():
                 where = "is a file" if folder == target else f"is under {str(folder)!r}, which is a file"
-                raise NotADirectoryError(f"{who}: {option} {str(target)!r} {where}, not a folder; choose a folder "
-                                         f"path (or move the file).")
+                raise NotADirectoryError(f"{who + ': ' if who else ''}{option} {str(target)!r} {where}, not a "
+                                         f"folder; choose a folder path (or move the file).")
             return
 
 

@@ -152,7 +152,7 @@ def test_check_writable_folder_names_the_option(tmp_path):
     check_writable_folder(tmp_path / "new" / "deeper", "--trainer.default_root_dir")
     with pytest.raises(NotADirectoryError) as exc:
         check_writable_folder(tmp_path / "f" / "run", "--trainer.default_root_dir")
-    assert str(exc.value) == (f"lit-llm: --trainer.default_root_dir '{tmp_path}/f/run' is under '{tmp_path}/f', "
+    assert str(exc.value) == (f"--trainer.default_root_dir '{tmp_path}/f/run' is under '{tmp_path}/f', "
                               f"which is a file, not a folder; choose a folder path (or move the file).")
 
 
