@@ -97,7 +97,8 @@ def check_export_target(ckpt_path: str | os.PathLike, out: str | os.PathLike, *,
 
     Raises:
         ValueError: ``out`` is or contains the run folder, or lies in its ``checkpoints/`` folder (both paths
-            named); ``out`` exists and is not a previous export (its foreign entries named).
+            named); ``out`` exists and is not a previous export (its foreign entries, or the export files it lacks,
+            named).
         FileExistsError: ``out`` holds a previous export (or is empty) and ``overwrite`` is False.
         NotADirectoryError: ``out`` is, or is under, a regular file.
     """
@@ -118,15 +119,23 @@ def check_export_target(ckpt_path: str | os.PathLike, out: str | os.PathLike, *,
     if not target.exists():
         return
     is_export, foreign = export_contents(target)
-    if foreign:
-        listed = ", ".join(repr(f) for f in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5
-                                                            else "")
-        raise ValueError(f"{who}: --out {shown!r} exists and is not a previous export: it holds {listed}; "
+    empty = not any(target.iterdir())
+    if not is_export and not empty:
+        if foreign:
+            reason = "it holds " + ", ".join(repr(f) for f in foreign[:5]) + (
+                f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        else:
+            names = {e.name for e in target.iterdir()}
+            lacks = [n for n in ("config.json", "tokenizer_config.json") if n not in names]
+            if not any(n == "model.safetensors" or _SHARD.fullmatch(n) for n in names):
+                lacks.append("model.safetensors")
+            reason = "it lacks " + ", ".join(repr(n) for n in lacks)
+        raise ValueError(f"{who}: --out {shown!r} exists and is not a previous export: {reason}; "
                          f"--overwrite replaces only a folder written by lit-llm export (config.json, model "
                          f"safetensors, tokenizer files, nothing else). Fix: choose another --out, or move those "
                          f"files away yourself.")
     if not overwrite:
-        held = "holds a previous export" if is_export else "exists (empty)"
+        held = "exists (empty)" if empty else "holds a previous export"
         raise FileExistsError(f"{who}: --out {shown!r} {held}; choose another --out or pass --overwrite true to "
                               f"replace it.")
 

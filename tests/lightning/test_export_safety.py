@@ -107,6 +107,12 @@ def test_overwrite_replaces_only_a_previous_export(tmp_path):
                                   f"export (config.json, model safetensors, tokenizer files, nothing else). Fix: "
                                   f"choose another --out, or move those files away yourself.")
     assert sorted(p.name for p in mine.iterdir()) == ["config.json", "data", "model.safetensors", "notes.txt"]
+    # only export-named files, but not a whole export (a user's tokenizer folder with a config): kept too
+    partial = fake_export(tmp_path / "partial", ["config.json", "tokenizer.json"])
+    with pytest.raises(ValueError) as exc:
+        check_export_target(ckpt, partial, overwrite=True)
+    assert str(exc.value).startswith(f"lit-llm export: --out '{partial}' exists and is not a previous export: it "
+                                     f"lacks 'tokenizer_config.json', 'model.safetensors'; --overwrite replaces only ")
 
 
 @pytest.mark.parametrize(("names", "expected"), [
