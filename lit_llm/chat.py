@@ -10,7 +10,7 @@ Usage::
 
     lit-llm chat --model runs/grpo_arithmetic/checkpoints/last.ckpt
     lit-llm chat --model exported/ --temperature 0.7 --system "Answer briefly."
-    printf 'What is 2 + 3?\\nAnd times 4?\\n' | lit-llm chat --model smollm2-135m-instruct
+    printf 'What is 2 + 3?\\nAnd times 4?\\n' | lit-llm chat   # the embedded smollm2-135m-instruct
 
 This module imports neither torch nor Lightning until a model is loaded (``lit-llm chat --help`` stays fast).
 """
@@ -24,6 +24,9 @@ from typing import Any, TextIO
 __all__ = ["chat", "command", "reply"]
 
 PROG = "lit-llm chat"
+#: ``--model``'s default: the embedded model, as everywhere else (``lit_llm.models.DEFAULT_MODEL``; named here so
+#: that ``lit-llm chat --help`` does not import torch).
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], *, max_new_tokens: int = 256,
@@ -133,7 +136,8 @@ def _streamer(tokenizer: Any, output: TextIO) -> Any:
 
 
 def command(argv: Sequence[str]) -> None:
-    """``lit-llm chat --model PATH_OR_CKPT [--max_new_tokens N] [--temperature T] [--system TEXT]``.
+    """``lit-llm chat [--model PATH_OR_CKPT] [--max_new_tokens N] [--temperature T] [--system TEXT]``; without
+    ``--model`` it chats with the embedded default (:data:`DEFAULT_MODEL`).
 
     Raises:
         FileNotFoundError / ValueError: from :func:`lit_llm.lightning.export.load_inference_policy` (a missing
@@ -145,9 +149,9 @@ def command(argv: Sequence[str]) -> None:
     parser = ToolParser(prog=PROG, description="Chat with a model or a lit-llm checkpoint: type a message, get a "
                         "streamed reply; the conversation is kept (multi-turn) and rendered with the model's chat "
                         "template. /reset starts over, /exit or Ctrl-D stops. Reads piped stdin too.")
-    parser.add_argument("--model", type=str, required=True,
+    parser.add_argument("--model", type=str, default=DEFAULT_MODEL,
                         help="a .ckpt written by lit-llm fit, a folder written by lit-llm export, a model name "
-                             "(smollm2-135m-instruct) or a Hub id in the HF cache")
+                             "or a Hub id in the HF cache (default: the embedded smollm2-135m-instruct)")
     parser.add_argument("--max_new_tokens", type=int, default=256, help="reply budget in tokens")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples at it")
     parser.add_argument("--system", type=str | None, default=None, help="system message of the conversation")

@@ -1,7 +1,8 @@
 """The ``lit-llm`` subcommand table and the front that answers without Lightning: the top-level help
 (:func:`top_parser`), a mistyped subcommand and the extra subcommands (:data:`EXTRA_COMMANDS`: ``export``, ``plot``,
-``chat``, ``evaluate``; their ``--help`` too), dispatched by :func:`front` with argparse / jsonargparse before torch
-or Lightning is imported.
+``chat``, ``evaluate``, ``predict``, which replaces LightningCLI's; their ``--help`` too) and LightningCLI's ``test``,
+which lit_llm does not offer (:data:`NOT_OFFERED`: one error line naming ``validate`` / ``evaluate`` /
+``predict``), dispatched by :func:`front` with argparse / jsonargparse before torch or Lightning is imported.
 
 Extra subcommands are entries of :data:`EXTRA_COMMANDS`: a one-line summary and ``"module:function"``, a function
 of the remaining arguments that parses them (answering ``--help``) before importing torch; its module must import
@@ -23,8 +24,8 @@ from jsonargparse import ArgumentParser
 
 from lit_llm.cli_errors import DEBUG_ENV, OneLineErrors, debug_enabled, near
 
-__all__ = ["EXTRA_COMMANDS", "LIGHTNING_COMMANDS", "PROG", "Command", "ToolParser", "answer_front", "front",
-           "top_parser"]
+__all__ = ["EXTRA_COMMANDS", "LIGHTNING_COMMANDS", "NOT_OFFERED", "PROG", "Command", "ToolParser", "answer_front",
+           "front", "offered_commands", "top_parser"]
 
 PROG = "lit-llm"
 
@@ -34,6 +35,17 @@ LIGHTNING_COMMANDS: dict[str, str] = {
     "validate": "Perform one evaluation epoch over the validation set.",
     "test": "Perform one evaluation epoch over the test set.",
     "predict": "Run inference on your data.",
+}
+
+#: LightningCLI subcommands lit_llm does not offer (its modules define no ``test_step``: ``validate`` on a test file
+#: is that evaluation): left out of the help and answered with one error line naming the commands that do the job.
+#: (LightningCLI's ``predict`` is replaced by the extra command of the same name, :data:`EXTRA_COMMANDS`.)
+NOT_OFFERED: dict[str, str] = {
+    "test": "evaluate a checkpoint with `lit-llm validate --config CONFIG --ckpt_path CKPT "
+            "--data.init_args.eval_path TEST_FILE` (GRPO: greedy answers scored by eval_reward_funcs; SFT: the "
+            "validation loss), `lit-llm evaluate --model CKPT --data gsm8k/test.jsonl` (GSM8K accuracy) or "
+            "`lit-llm predict --model CKPT --data TEST_FILE --out rows.jsonl --reward_funcs [...]` (completions and "
+            "rewards per prompt).",
 }
 
 
@@ -65,12 +77,21 @@ EXTRA_COMMANDS: dict[str, Command] = {
     "plot": Command("Draw a run's training curves (CSV log) as a PNG.", "lit_llm.plot:command"),
     "chat": Command("Chat with a model or checkpoint, multi-turn.", "lit_llm.chat:command"),
     "evaluate": Command("Greedy GSM8K accuracy of a model or checkpoint.", "lit_llm.evaluation:command"),
+    "predict": Command("Greedy completions and rewards for a prompt file.",
+                       "lit_llm.evaluation:predict_command"),
 }
+
+
+def offered_commands() -> list[str]:
+    """The subcommand names ``lit-llm --help`` lists: LightningCLI's but :data:`NOT_OFFERED` and those an extra
+    command replaces (``predict``), then the :data:`EXTRA_COMMANDS`."""
+    return [*(c for c in LIGHTNING_COMMANDS if c not in NOT_OFFERED and c not in EXTRA_COMMANDS), *EXTRA_COMMANDS]
 
 
 def top_parser() -> argparse.ArgumentParser:
     """The top-level parser for ``lit-llm --help`` and the usage line: every subcommand with its summary."""
-    commands = {**LIGHTNING_COMMANDS, **{k: c.summary for k, c in EXTRA_COMMANDS.items()}}
+    summaries = {**LIGHTNING_COMMANDS, **{k: c.summary for k, c in EXTRA_COMMANDS.items()}}
+    commands = {name: summaries[name] for name in offered_commands()}
     parser = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="LLM post-training (SFT, GRPO) on Lightning: LightningCLI subcommands over YAML configs, plus "
@@ -82,6 +103,7 @@ def top_parser() -> argparse.ArgumentParser:
                f"  {PROG} plot runs/sft_tiny\n"
                f"  {PROG} chat --model runs/sft_tiny/checkpoints/last.ckpt\n"
                f"  {PROG} evaluate --model exported/ --data gsm8k/test.jsonl --limit 100\n"
+               f"  {PROG} predict --model exported/ --data prompts.jsonl --out completions.jsonl\n"
                f"A bad option is one `{PROG}: error:` line; {DEBUG_ENV}=1 shows the parser's full message and "
                "tracebacks.")
     sub = parser.add_subparsers(title="commands", metavar="{" + ",".join(commands) + "}")
@@ -92,21 +114,26 @@ def top_parser() -> argparse.ArgumentParser:
 
 def front(argv: Sequence[str]) -> bool:
     """Handle what needs no Lightning: no arguments or ``-h``/``--help`` first (top-level help), an unknown
-    subcommand (exit 2 with a near match) and the :data:`EXTRA_COMMANDS`. Returns whether ``argv`` was handled;
+    subcommand (exit 2 with a near match), ``test`` (:data:`NOT_OFFERED`: exit 2 with one error line)
+    and the :data:`EXTRA_COMMANDS`. Returns whether ``argv`` was handled;
     ``False`` leaves it to LightningCLI."""
     argv = list(argv)
     if not argv:
         parser = top_parser()
         parser.print_usage(sys.stderr)
-        parser.exit(2, f"{PROG}: error: give a command: {', '.join([*LIGHTNING_COMMANDS, *EXTRA_COMMANDS])}\n")
+        parser.exit(2, f"{PROG}: error: give a command: {', '.join(offered_commands())}\n")
     if argv[0] in ("-h", "--help"):
         top_parser().print_help()
         raise SystemExit(0)
     if argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]].load()(argv[1:])
         return True
+    if argv[0] in NOT_OFFERED:
+        sys.stderr.write(f"{PROG}: error: `{PROG} {argv[0]}` is not offered (lit_llm's modules have no "
+                         f"{argv[0]}_step); {NOT_OFFERED[argv[0]]}\n")
+        raise SystemExit(2)
     if not argv[0].startswith("-") and argv[0] not in LIGHTNING_COMMANDS:
-        names = [*LIGHTNING_COMMANDS, *EXTRA_COMMANDS]
+        names = offered_commands()
         close = near(argv[0], names, n=1)
         top_parser().print_usage(sys.stderr)
         raise SystemExit(f"{PROG}: error: unknown command '{argv[0]}'; use one of: {', '.join(names)}"

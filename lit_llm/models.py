@@ -270,12 +270,13 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
     """Where a model name is loaded from: a local folder, or a Hub id transformers downloads itself.
 
     * ``"smollm2-135m-instruct"``: the HF copy of the embedded GGUF under :func:`cache_dir` (converted on first use);
-    * an existing folder: itself;
+    * an existing folder holding ``config.json``: itself;
     * a Hub id (``"org/name"``): its snapshot folder in the Hugging Face cache (``HF_HUB_CACHE``) when it is there;
       else the id itself (transformers downloads it), unless ``HF_HUB_OFFLINE`` is set.
 
     Raises:
-        FileNotFoundError: neither the embedded default, nor a folder, nor a valid Hub id; or a Hub id that is not
+        FileNotFoundError: neither the embedded default, nor a folder, nor a valid Hub id; a folder without
+            ``config.json`` (the message names it and what it holds); or a Hub id that is not
             cached while ``HF_HUB_OFFLINE`` is set (the message names the cache folder and the download command); or
             the embedded GGUF file is not installed.
     """
@@ -291,6 +292,14 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
         return str(target)
     path = Path(name).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            held = sorted(e.name + ("/" if e.is_dir() else "") for e in path.iterdir())
+            listing = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "") or "nothing"
+            raise FileNotFoundError(
+                f"load_model: model folder {str(path)!r} has no config.json, so it is not a Hugging Face model "
+                f"folder (it holds: {listing}). Fix: point `model` at a folder written by save_pretrained or "
+                f"lit-llm export (config.json, weights, tokenizer files), or at the embedded default {DEFAULT_MODEL!r}."
+            )
         return str(path)
     try:
         validate_repo_id(name)

@@ -7,6 +7,11 @@ JSON files and ``"name:split:row N"`` for Hub datasets, read through the ``datas
 (``datasets.load_dataset``). Columns Arrow fills with ``None`` inside message dicts (a message list where only some
 messages carry ``tool_calls``, say) are dropped, so a row reads back as it was written.
 
+Text is UTF-8: a JSONL / CSV / TSV / JSON file with a byte that is not UTF-8 is one :class:`DataFormatError` naming
+the file, the line, the column and the byte, and the fix (re-save as UTF-8, e.g. ``iconv -f latin1 -t utf-8``)
+(:func:`non_utf8_position`). Parquet strings are UTF-8 by construction; a top-level ``binary`` column's values are
+decoded as UTF-8 text (a value that does not decode is the same error, naming the row and the column).
+
 Source syntax (``--data.path``, ``--data.eval_path``):
 
 * a local file: ``*.jsonl`` / ``*.ndjson`` (one JSON object per line), ``*.parquet``, ``*.csv``, ``*.tsv``, ``*.json``
@@ -18,13 +23,16 @@ Source syntax (``--data.path``, ``--data.eval_path``):
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from lit_llm.data.rows import DataFormatError, read_jsonl
 
-__all__ = ["FILE_SUFFIXES", "HubOfflineError", "hub_offline", "read_rows"]
+__all__ = ["FILE_SUFFIXES", "HubOfflineError", "hub_offline", "non_utf8_position", "read_rows"]
 
 #: Local file suffixes and the ``datasets`` builder that reads each (``None`` = the JSONL reader of this package).
 FILE_SUFFIXES: dict[str, str | None] = {".jsonl": None, ".ndjson": None, ".parquet": "parquet", ".csv": "csv",
@@ -55,14 +63,32 @@ def _drop_null_keys(value: Any) -> Any:
     return value
 
 
-def _load(builder_or_name: str, *, where: str, fix: str, **kwargs: Any) -> Any:
+@contextlib.contextmanager
+def _quiet_datasets(datasets: Any) -> Iterator[None]:
+    """No progress bar and no ``datasets`` log line while a local file is read: a file it cannot read is our one
+    error line (its own "Failed to read file ..." line would come first)."""
+    bars = not datasets.utils.are_progress_bars_disabled()
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    datasets.utils.disable_progress_bars()
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            datasets.utils.enable_progress_bars()
+
+
+def _load(builder_or_name: str, *, where: str, fix: str, quiet: bool = False, **kwargs: Any) -> Any:
     try:
         import datasets
     except ImportError as e:  # pragma: no cover - a declared dependency
         raise ImportError("Reading Parquet / CSV / JSON files or Hub datasets needs the `datasets` package: "
                           "pip install datasets") from e
     try:
-        return datasets.load_dataset(builder_or_name, **kwargs)
+        with _quiet_datasets(datasets) if quiet else contextlib.nullcontext():
+            return datasets.load_dataset(builder_or_name, **kwargs)
     except (FileNotFoundError, ValueError, TypeError, KeyError, OSError) as e:
         raise DataFormatError(f"{where}: cannot be read by datasets.load_dataset ({type(e).__name__}: {e}). "
                               f"Fix: {fix}") from e
@@ -71,11 +97,56 @@ def _load(builder_or_name: str, *, where: str, fix: str, **kwargs: Any) -> Any:
                               f"Fix: {fix}") from e
 
 
-def _rows_of(ds: Any, prefix: str, limit: int | None) -> list[tuple[str, dict[str, Any]]]:
+def non_utf8_position(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """Where a text file first breaks UTF-8: ``(line, column, byte)`` (1-based line and byte column, the byte's
+    value), or ``None`` when the whole file decodes. Read line by line in binary (a UTF-8 sequence never holds
+    ``\\n``, so each line decodes on its own)."""
+    with Path(path).open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return lineno, e.start + 1, raw[e.start]
+    return None
+
+
+def _encoding_fix(p: Path, option: str) -> str:
+    return (f"Fix: re-save it as UTF-8, e.g. `iconv -f latin1 -t utf-8 {p.name} > {p.stem}.utf8{p.suffix}` (latin1 "
+            f"if it came from Excel or an old Windows tool; `file -i {p.name}` guesses the encoding), and point "
+            f"{option} at the new file.")
+
+
+def _non_utf8_error(p: Path, option: str) -> DataFormatError | None:
+    """The one-line error for a text file that is not UTF-8, or ``None`` when it decodes."""
+    found = non_utf8_position(p)
+    if found is None:
+        return None
+    line, column, byte = found
+    return DataFormatError(f"{p}:{line}: byte 0x{byte:02x} at column {column} is not UTF-8 (the file is in another "
+                           f"encoding). {_encoding_fix(p, option)}")
+
+
+def _text(value: Any, where: str, column: str, p: Path, option: str) -> Any:
+    """A Parquet ``binary`` value as UTF-8 text (other values as they are)."""
+    if not isinstance(value, (bytes, bytearray)):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataFormatError(f"{where}: column {column!r}: byte 0x{value[e.start]:02x} at position {e.start + 1} is "
+                              f"not UTF-8 (a binary column in another encoding). Fix: re-save the column as UTF-8 "
+                              f"text, e.g. in pandas `df[{column!r}] = df[{column!r}].str.decode('latin1')` then "
+                              f"`df.to_parquet(...)`, and point {option} at the new file.") from None
+
+
+def _rows_of(ds: Any, prefix: str, limit: int | None, text_of: Any = None) -> list[tuple[str, dict[str, Any]]]:
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
-    return [(f"{prefix}:row {i}", {k: _drop_null_keys(v) for k, v in row.items()})
+    rows = [(f"{prefix}:row {i}", {k: _drop_null_keys(v) for k, v in row.items()})
             for i, row in enumerate(ds.to_list(), start=1)]
+    if text_of is not None:
+        rows = [(sid, {k: text_of(v, sid, k) for k, v in row.items()}) for sid, row in rows]
+    return rows
 
 
 def read_rows(source: str | os.PathLike, *, split: str = "train", option: str = "--data.path",
@@ -98,7 +169,8 @@ def read_rows(source: str | os.PathLike, *, split: str = "train", option: str = 
     Raises:
         FileNotFoundError: a path-like ``source`` that does not exist (names ``option`` and the supported suffixes).
         HubOfflineError: a Hub name while ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` is set.
-        DataFormatError: an unsupported suffix, a file ``datasets`` cannot read, an empty dataset, a bad JSONL line.
+        DataFormatError: an unsupported suffix, a file ``datasets`` cannot read, an empty dataset, a bad JSONL line,
+            a byte that is not UTF-8 (file, line or row, column and byte named, with the ``iconv`` fix).
     """
     text = str(source)
     p = Path(text).expanduser()
@@ -112,15 +184,25 @@ def read_rows(source: str | os.PathLike, *, split: str = "train", option: str = 
             raise DataFormatError(f"{p}: unsupported file type {suffix or '(no suffix)'!r} for {option}. Fix: save "
                                   f"the data as one of {suffixes}.")
         builder = FILE_SUFFIXES[suffix]
-        if builder is None:
-            rows = read_jsonl(p, on_bad_row=on_bad_row, skipped=skipped, option=option)
-            return [(f"{p}:{line}", row) for line, row in rows[:limit]]
         kwargs: dict[str, Any] = {"data_files": str(p), "split": "train"}
         if suffix == ".tsv":
             kwargs["delimiter"] = "\t"
-        ds = _load(builder, where=str(p), fix=f"check that {p.name} is a valid {builder.upper()} file of rows.",
-                   **kwargs)
-        out = _rows_of(ds, str(p), limit)
+        try:
+            if builder is None:
+                rows = read_jsonl(p, on_bad_row=on_bad_row, skipped=skipped, option=option)
+                return [(f"{p}:{line}", row) for line, row in rows[:limit]]
+            ds = _load(builder, where=str(p), fix=f"check that {p.name} is a valid {builder.upper()} file of rows.",
+                       quiet=True, **kwargs)
+        except (UnicodeDecodeError, DataFormatError) as e:
+            bad = None if builder == "parquet" else _non_utf8_error(p, option)
+            if bad is None:
+                raise
+            raise bad from e
+        text_of = None
+        if builder == "parquet":
+            def text_of(value: Any, where: str, column: str) -> Any:
+                return _text(value, where, column, p, option)
+        out = _rows_of(ds, str(p), limit, text_of)
         if not out:
             raise DataFormatError(f"{p}: the file holds no row (empty dataset). Fix: point {option} at a non-empty "
                                   f"file.")

@@ -6,13 +6,138 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["InferencePolicy", "export_checkpoint", "load_checkpoint_module", "load_inference_policy"]
+__all__ = ["EXPORT_FILES", "InferencePolicy", "check_export_target", "check_writable_folder", "export_checkpoint",
+           "export_contents", "load_checkpoint_module", "load_inference_policy", "run_folder"]
+
+
+#: Names of the files ``lit-llm export`` writes (``save_pretrained`` of the model with safetensors, and of the
+#: tokenizer): a folder holding only these (plus weight shards ``model-NNNNN-of-NNNNN.safetensors`` and an
+#: ``additional_chat_templates/`` folder of ``.jinja`` files) is a previous export (:func:`export_contents`).
+EXPORT_FILES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",  # model
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "vocab.txt", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",  # tokenizer
+})
+_SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")
+_TEMPLATES_DIR = "additional_chat_templates"
+
+
+def run_folder(ckpt_path: str | os.PathLike) -> Path:
+    """The run folder of a checkpoint: the folder that holds ``checkpoints/`` (``RUN`` for
+    ``RUN/checkpoints/last.ckpt``: the checkpoint's parent's parent when the parent is named ``checkpoints``), else
+    the checkpoint's own folder. Absolute, symlinks resolved."""
+    parent = Path(ckpt_path).expanduser().resolve().parent
+    return parent.parent if parent.name == "checkpoints" else parent
+
+
+def export_contents(folder: str | os.PathLike) -> tuple[bool, list[str]]:
+    """Whether ``folder`` holds a previous export, and the entries that are not an export's.
+
+    The rule: every entry is a regular file named in :data:`EXPORT_FILES` or a weight shard
+    (``model-00001-of-00002.safetensors``), or the ``additional_chat_templates/`` folder holding only ``.jinja``
+    files; and ``config.json``, ``tokenizer_config.json`` and at least one weights file (``model.safetensors`` or a
+    shard) are there. An empty folder is not an export (nothing is foreign in it either).
+
+    Returns:
+        ``(is_export, foreign)``: ``foreign`` lists the other entries (sorted names, a ``/`` after folders).
+    """
+    root = Path(folder)
+    names, foreign = set(), []
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        if entry.is_file() and not entry.is_symlink() and (entry.name in EXPORT_FILES or _SHARD.fullmatch(entry.name)):
+            names.add(entry.name)
+        elif entry.name == _TEMPLATES_DIR and entry.is_dir() and not entry.is_symlink() and all(
+                f.is_file() and f.suffix == ".jinja" for f in entry.iterdir()):
+            continue
+        else:
+            foreign.append(entry.name + ("/" if entry.is_dir() else ""))
+    weights = "model.safetensors" in names or any(_SHARD.fullmatch(n) for n in names)
+    return (not foreign and weights and {"config.json", "tokenizer_config.json"} <= names), foreign
+
+
+def check_writable_folder(path: str | os.PathLike, option: str, who: str | None = None) -> None:
+    """Refuse a folder to be created under a regular file (``--out file.txt/hf``, ``--trainer.default_root_dir
+    notes.md/run``) before anything is loaded or written.
+
+    Args:
+        path: the folder (it need not exist).
+        option: the option that gave it (``--out``, ``--trainer.default_root_dir``), named in the message.
+        who: the command prefixed to the message (``"lit-llm export"``); ``None``: no prefix (the LightningCLI
+            commands print ``lit-llm: error:`` before it).
+
+    Raises:
+        NotADirectoryError: ``path`` or one of its parents is an existing file that is not a folder (the message
+            names ``option``, the path and the file).
+    """
+    target = Path(path).expanduser().absolute()
+    for folder in (target, *target.parents):
+        if folder.exists() or folder.is_symlink():
+            if not folder.is_dir():
+                where = "is a file" if folder == target else f"is under {str(folder)!r}, which is a file"
+                raise NotADirectoryError(f"{who + ': ' if who else ''}{option} {str(target)!r} {where}, not a "
+                                         f"folder; choose a folder path (or move the file).")
+            return
+
+
+def check_export_target(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> None:
+    """The rules an export ``--out`` must satisfy before anything is loaded, so that an export never destroys:
+
+    * ``out`` neither is nor contains the checkpoint's run folder (:func:`run_folder`), nor lies inside its
+      ``checkpoints/`` folder, even with ``overwrite`` (a new folder inside the run, ``RUN/hf``, is fine);
+    * no parent of ``out`` is a regular file;
+    * an existing ``out`` is replaced only with ``overwrite`` and only when it holds a previous export
+      (:func:`export_contents`) or is empty.
+
+    Raises:
+        ValueError: ``out`` is or contains the run folder, or lies in its ``checkpoints/`` folder (both paths
+            named); ``out`` exists and is not a previous export (its foreign entries, or the export files it lacks,
+            named).
+        FileExistsError: ``out`` holds a previous export (or is empty) and ``overwrite`` is False.
+        NotADirectoryError: ``out`` is, or is under, a regular file.
+    """
+    who = "lit-llm export"
+    ckpt = Path(ckpt_path).expanduser()
+    target, run = Path(out).expanduser().resolve(), run_folder(ckpt)
+    shown, ckpt_shown = str(Path(out).expanduser().absolute()), str(ckpt.absolute())
+    fix = f"choose an --out outside it, e.g. {str(run / 'hf')!r} or {str(run.parent / (run.name + '-hf'))!r}"
+    if run == target or run.is_relative_to(target):
+        raise ValueError(f"{who}: --out {shown!r} {'is' if run == target else 'contains'} the run folder "
+                         f"{str(run)!r} of --ckpt_path {ckpt_shown!r}; writing there would replace the run's "
+                         f"checkpoints and logs, so it is refused even with --overwrite. Fix: {fix}.")
+    ckpt_dir = run / "checkpoints"
+    if ckpt.expanduser().resolve().parent == ckpt_dir and target.is_relative_to(ckpt_dir):
+        raise ValueError(f"{who}: --out {shown!r} is inside the checkpoint folder {str(ckpt_dir)!r} of --ckpt_path "
+                         f"{ckpt_shown!r}; refused even with --overwrite. Fix: {fix}.")
+    check_writable_folder(target, "--out", who)
+    if not target.exists():
+        return
+    is_export, foreign = export_contents(target)
+    empty = not any(target.iterdir())
+    if not is_export and not empty:
+        if foreign:
+            reason = "it holds " + ", ".join(repr(f) for f in foreign[:5]) + (
+                f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        else:
+            names = {e.name for e in target.iterdir()}
+            lacks = [n for n in ("config.json", "tokenizer_config.json") if n not in names]
+            if not any(n == "model.safetensors" or _SHARD.fullmatch(n) for n in names):
+                lacks.append("model.safetensors")
+            reason = "it lacks " + ", ".join(repr(n) for n in lacks)
+        raise ValueError(f"{who}: --out {shown!r} exists and is not a previous export: {reason}; "
+                         f"--overwrite replaces only a folder written by lit-llm export (config.json, model "
+                         f"safetensors, tokenizer files, nothing else). Fix: choose another --out, or move those "
+                         f"files away yourself.")
+    if not overwrite:
+        held = "exists (empty)" if empty else "holds a previous export"
+        raise FileExistsError(f"{who}: --out {shown!r} {held}; choose another --out or pass --overwrite true to "
+                              f"replace it.")
 
 
 def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
@@ -22,32 +147,35 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
     ``merge_and_unload``, ``W + (lora_alpha / lora_r) * B A``), so the folder is a plain HF model (no ``peft`` needed
     to load it) with the adapted model's outputs.
 
-    The module is rebuilt by :func:`load_checkpoint_module`. The folder is written to a temporary sibling and
-    renamed at the end, so a failure never leaves a half-written export; its folders get mode ``0o777 & ~umask``
-    and its files ``0o666 & ~umask`` (0755 / 0644 under the usual umask 022), so that another user (a server) can
-    read it.
+    The module is rebuilt by :func:`load_checkpoint_module`. ``out`` is checked first (:func:`check_export_target`:
+    never the run folder or around it, an existing folder replaced only when it holds a previous export and
+    ``overwrite`` is set). The folder is written to a temporary sibling (``.<name>.tmp-*``) and moved into place only
+    when complete; a previous export is first renamed aside (``.<name>.old-*``) and deleted once the new one is in
+    place, so an error at any point leaves the previous export (or nothing), never a half-written folder. Its folders
+    get mode ``0o777 & ~umask`` and its files ``0o666 & ~umask`` (0755 / 0644 under the usual umask 022), so that
+    another user (a server) can read it.
 
     Args:
         ckpt_path: a ``.ckpt`` file written by ``lit-llm fit`` (e.g. ``runs/x/checkpoints/last.ckpt``).
         out: the folder to create (``config.json``, ``model.safetensors``, ``generation_config.json``, tokenizer
             files).
-        overwrite: replace ``out`` if it exists.
+        overwrite: replace ``out`` if it holds a previous export.
 
     Returns:
         ``out`` as a :class:`~pathlib.Path`.
 
     Raises:
         FileNotFoundError: ``ckpt_path`` does not exist.
-        FileExistsError: ``out`` exists and ``overwrite`` is False.
-        ValueError: the checkpoint's module class is not a ``PolicyModule``; a LoRA checkpoint whose base model
-            changed since training (see :func:`load_checkpoint_module`).
+        FileExistsError: ``out`` holds a previous export (or is an empty folder) and ``overwrite`` is False.
+        NotADirectoryError: ``out`` is, or is under, a regular file.
+        ValueError: ``out`` is, contains or sits in the checkpoint folder of the checkpoint's run folder; ``out``
+            exists and is not a previous export; the checkpoint's module class is not a ``PolicyModule``; a LoRA
+            checkpoint whose base model changed since training (see :func:`load_checkpoint_module`).
     """
 
     ckpt, target = Path(ckpt_path).expanduser(), Path(out).expanduser()
     _check_checkpoint_file(ckpt, "lit-llm export", "--ckpt_path")
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"lit-llm export: {str(target)!r} already exists; choose another --out or pass "
-                              f"--overwrite true.")
+    check_export_target(ckpt, target, overwrite=overwrite)
     module = load_checkpoint_module(ckpt)
     model = module.model
     if callable(getattr(model, "merge_and_unload", None)):  # LoRA: a plain HF model with the adapters folded in
@@ -58,13 +186,29 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
         model.save_pretrained(tmp, safe_serialization=True)
         module.tokenizer.save_pretrained(tmp)
         _umask_permissions(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        check_export_target(ckpt, target, overwrite=overwrite)  # nothing foreign arrived meanwhile
+        _move_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    """Rename the complete folder ``tmp`` to ``target``; a previous ``target`` is renamed aside first, restored if
+    the rename fails, and deleted only once ``target`` is the new folder."""
+    if not target.exists():
+        tmp.rename(target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    old.rmdir()  # a free name beside target
+    target.rename(old)
+    try:
+        tmp.rename(target)
+    except BaseException:
+        old.rename(target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _check_checkpoint_file(ckpt: Path, who: str, option: str) -> None:

@@ -220,7 +220,7 @@ def test_help_imports_neither_torch_nor_lightning(args):
     assert result == {"code": 0, "heavy": []}, proc.stderr
     usage = proc.stdout.splitlines()[0]
     if args == ["--help"]:
-        commands = [*cli_entry.LIGHTNING_COMMANDS, *cli_entry.EXTRA_COMMANDS]
+        commands = ["fit", "validate", *cli_entry.EXTRA_COMMANDS]  # test / predict are not offered (issue 30)
         assert usage == "usage: lit-llm [-h] {" + ",".join(commands) + "} ..."
         assert {"export", "plot", "chat", "evaluate"} <= set(commands)
         for name, command in cli_entry.EXTRA_COMMANDS.items():
@@ -243,11 +243,11 @@ def test_no_command_and_unknown_command(capsys):
         main([])
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "lit-llm: error: give a command: fit, validate, test, predict, export, plot, chat, evaluate")
+        "lit-llm: error: give a command: fit, validate, export, plot, chat, evaluate, predict")
     with pytest.raises(SystemExit) as exc:
         main(["fitt", "--config", SFT])
-    assert exc.value.code == ("lit-llm: error: unknown command 'fitt'; use one of: fit, validate, test, predict, "
-                              "export, plot, chat, evaluate (did you mean fit?)")
+    assert exc.value.code == ("lit-llm: error: unknown command 'fitt'; use one of: fit, validate, "
+                              "export, plot, chat, evaluate, predict (did you mean fit?)")
 
 
 def test_export_errors_are_one_message(tmp_path, capsys, monkeypatch):
