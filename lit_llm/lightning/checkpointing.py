@@ -247,9 +247,10 @@ def _what_it_is(head: bytes, path: Path) -> str:
     if path.suffix == ".safetensors" or (len(head) > 9 and head[8:10] == b'{"'):
         return ("a safetensors file (model weights, not a Lightning checkpoint); to start a run from a Hugging Face "
                 "model give its folder as --model.init_args.model FOLDER, without --ckpt_path")
+    fix = "; give a .ckpt written by lit-llm fit (<run dir>/checkpoints/last.ckpt)"
     if head.lstrip()[:1] in (b"{", b"["):
-        return "a JSON/text file, not a checkpoint"
-    return f"not a checkpoint written by torch.save (it starts with {head[:8]!r})"
+        return "a JSON/text file, not a checkpoint" + fix
+    return f"not a checkpoint written by torch.save (it starts with {head[:8]!r})" + fix
 
 
 def _expected_class(expected_module: str | type | None) -> type | None:
@@ -263,11 +264,12 @@ def _expected_class(expected_module: str | type | None) -> type | None:
 
 
 def _same_class(saved: str, expected: type | None, expected_name: str) -> bool:
-    """Whether the class path ``saved`` names ``expected`` (two import paths of one class count as the same)."""
+    """Whether the class path ``saved`` names ``expected`` or a subclass of it (two import paths of one class count as
+    the same)."""
     if saved == expected_name:
         return True
     found = _expected_class(saved)
-    return expected is not None and found is not None and found is expected
+    return expected is not None and isinstance(found, type) and issubclass(found, expected)
 
 
 def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type | None = None, *,
