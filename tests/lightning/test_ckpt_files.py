@@ -49,8 +49,8 @@ def test_truncated_file(tmp_path):
     path.write_bytes(good.read_bytes()[:300])
     with pytest.raises(CheckpointFileError) as e:
         check_checkpoint_file(path)
-    assert str(e.value) == (f"--ckpt_path {path}: the file is truncated or damaged (300 bytes; File is not a zip file), "
-                            f"e.g. a save interrupted or a copy that did not finish; give another checkpoint "
+    assert str(e.value) == (f"--ckpt_path {path}: the file is truncated or damaged (300 bytes; File is not a zip "
+                            f"file), e.g. a save interrupted or a copy that did not finish; give another checkpoint "
                             f"(<run dir>/checkpoints/ keeps last.ckpt).")
 
 
