@@ -46,12 +46,13 @@ full message and the traceback.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from typing import Any
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -267,7 +268,8 @@ class LitLLMCLI(LightningCLI):
         root = self.config[subcommand].get("trainer", {}).get("default_root_dir")
         argv = [*self._argv, "--trainer.default_root_dir", str(root or ".")]  # a link source must be present
         try:
-            given = self.parser.parse_args(argv, defaults=False)[subcommand]
+            with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):  # a failure here is not the user's
+                given = self.parser.parse_args(argv, defaults=False)[subcommand]
         except (SystemExit, Exception):  # noqa: BLE001
             return None
         init = given.get("model", {}).get("init_args") if hasattr(given.get("model"), "get") else None

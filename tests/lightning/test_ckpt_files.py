@@ -142,22 +142,22 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["fit", "validate", "export"])
-def test_bad_files_from_the_command_line(tmp_path, command):
-    empty, cut = tmp_path / "empty.ckpt", tmp_path / "cut.ckpt"
-    empty.write_bytes(b"")
-    cut.write_bytes(_ckpt(tmp_path / "ok.ckpt").read_bytes()[:300])
-    for path, what in [(empty, "the file is empty (0 bytes)"),
-                       (cut, "the file is truncated or damaged (300 bytes; File is not a zip file)")]:
-        if command == "export":
-            args = ["export", "--ckpt_path", str(path), "--out", str(tmp_path / "hf")]
-            prefix = "lit-llm export: error:"
-        else:
-            args = [command, "--config", SFT, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
-                    str(path)]
-            prefix = "lit-llm: error:"
-        line = _first_error(_cli(*args, cwd=tmp_path))
-        assert line.startswith(f"{prefix} --ckpt_path {path}: {what}"), line
+@pytest.mark.parametrize(("command", "kind"), [("fit", "empty"), ("validate", "cut"), ("export", "cut")])
+def test_bad_files_from_the_command_line(tmp_path, command, kind):
+    path = tmp_path / f"{kind}.ckpt"
+    if kind == "empty":
+        path.write_bytes(b"")
+        what = "the file is empty (0 bytes), e.g. a copy or a save that did not finish"
+    else:
+        path.write_bytes(_ckpt(tmp_path / "ok.ckpt").read_bytes()[:300])
+        what = "the file is truncated or damaged (300 bytes; File is not a zip file), e.g. a save interrupted"
+    if command == "export":
+        args, prefix = ["export", "--ckpt_path", str(path), "--out", str(tmp_path / "hf")], "lit-llm export: error:"
+    else:
+        args = [command, "--config", SFT, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path", str(path)]
+        prefix = "lit-llm: error:"
+    line = _first_error(_cli(*args, cwd=tmp_path))
+    assert line.startswith(f"{prefix} --ckpt_path {path}: {what}"), line
     assert not (tmp_path / "run").exists() and not (tmp_path / "hf").exists()  # refused before anything was written
 
 

@@ -242,3 +242,20 @@ def test_grpo_resume_refuses_another_num_generations(tmp_path):
     assert line.startswith(f"lit-llm: error: --ckpt_path {ckpt}: model.init_args.num_generations 2 differs from the "
                            f"checkpoint's 4; num_generations is the group size: "), line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_options_not_given_take_the_checkpoints_values(sft_run, tmp_path):
+    """``validate --ckpt_path`` without a config: the module options left out come from the checkpoint (as
+    LightningCLI's own resume does), the ones given are compared."""
+    saved = torch.load(sft_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    saved["hyper_parameters"].update(grad_clip=0.5, chunk_size=256)
+    ckpt = tmp_path / "changed.ckpt"
+    torch.save(saved, ckpt)
+    cli = main(["validate", "--model", "lit_llm.lightning.SFTModule", "--model.model", "tiny", "--model.chunk_size",
+                "512", "--data", "lit_llm.lightning.SFTDataModule", "--data.format", "arithmetic", "--data.num_samples",
+                "8", "--data.eval_limit", "2", "--data.max_length", "48", "--ckpt_path", str(ckpt),
+                "--trainer.default_root_dir", str(tmp_path / "v"), "--wandb", "false", "--samples.num_samples", "0",
+                "--trainer.enable_progress_bar", "false", "--trainer.precision", "32-true"])
+    assert cli.model.grad_clip == 0.5 and cli.model.hparams["loss"] == "sft"  # left out: the checkpoint's
+    assert cli.model.chunk_size == 512  # given: applied
