@@ -284,7 +284,8 @@ def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type |
             DeepSpeed are folders that Lightning's strategies read).
         expected_module: the run's module (a class or its class path, e.g. ``model.class_path``); a checkpoint
             written by another module class is refused. Checkpoints without a recorded class (written outside
-            ``lit-llm fit``) are refused when their hyperparameters are not options of ``expected_module``.
+            ``lit-llm fit``) are refused when their hyperparameters are not options of ``expected_module`` (or of one
+            of its subclasses).
         resumable: ``fit`` resumes from it: a weights-only checkpoint (no ``optimizer_states``) is refused.
         option: the option named in the messages.
 
@@ -364,10 +365,16 @@ def _check_module(path: Any, hparams: dict[str, Any], expected_module: str | typ
     else:
         if expected is None:
             return
-        params = set(inspect.signature(expected.__init__).parameters)
-        alien = sorted(k for k in hparams if not k.startswith("_") and k not in params)
-        if not alien:
-            return
+        options = sorted(k for k in hparams if not k.startswith("_"))
+        classes, alien = [expected], options
+        while classes:  # the expected class or one of its subclasses takes every saved option
+            cls = classes.pop()
+            params = set(inspect.signature(cls.__init__).parameters)
+            if not [k for k in options if k not in params]:
+                return
+            if cls is expected:
+                alien = [k for k in options if k not in params]
+            classes.extend(cls.__subclasses__())
         theirs = f"another module (its options {alien[:4]} are not {expected.__name__}'s)"
     raise CheckpointFileError(
         f"{option} {path}: a checkpoint of {theirs}, but this run's model is {name}: its weights and training "

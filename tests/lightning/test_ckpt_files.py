@@ -179,3 +179,12 @@ def test_an_sft_checkpoint_resumed_with_a_grpo_config(tmp_path):
             f"module from its weights: lit-llm export --ckpt_path {ckpt} --out DIR, then --model.init_args.model DIR "
             f"without --ckpt_path."), line
     assert not (tmp_path / "grpo").exists()
+
+
+def test_a_base_class_accepts_its_subclasses_checkpoints_without_a_class_path(tmp_path):
+    path = tmp_path / "plain.ckpt"  # export / chat load any PolicyModule: an SFT checkpoint of a plain Trainer is one
+    torch.save({"state_dict": {}, "hyper_parameters": {"model": "tiny", "loss": "sft", "kl_coef": 0.0}}, path)
+    assert check_checkpoint_file(path, "lit_llm.lightning.module.PolicyModule")["loss"] == "sft"
+    torch.save({"state_dict": {}, "hyper_parameters": {"model": "tiny", "no_such_option": 1}}, path)
+    with pytest.raises(CheckpointFileError, match=r"its options \['no_such_option'\] are not PolicyModule's"):
+        check_checkpoint_file(path, "lit_llm.lightning.module.PolicyModule")
