@@ -1,20 +1,30 @@
 """Checkpoint hooks of the policy modules (:class:`CheckpointHooks`, a mixin of
 :class:`~lit_llm.lightning.module.PolicyModule`): what a checkpoint records besides the weights (optimizer classes,
 every rank's generator states, the LoRA record with the frozen base weights left out), the checks a resume makes
-against it (LoRA base and settings, optimizer class, a configured lr the checkpoint overrides) and the restore of the
-generator states before the first resumed step."""
+against it (LoRA base and settings, optimizer class), the configured optimizer / scheduler knobs applied over the
+restored ones and the restore of the generator states before the first resumed step; and
+:func:`check_checkpoint_file`, the one-line check of a ``--ckpt_path`` file (empty, truncated, not a checkpoint,
+weights-only for ``fit``, another module's) made before Lightning reads it. What a resume does with an option that
+differs from the checkpoint's is :mod:`lit_llm.lightning.resume_options`."""
 
 from __future__ import annotations
 
+import copy
+import importlib
+import inspect
 import math
+import os
+import zipfile
+from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lit_llm.cli_errors import CLIConfigError
 from lit_llm.lightning.rng_state import gather_rng_states, restore_rng_states
 from lit_llm.models import base_model_identity
 
-__all__ = ["CheckpointHooks"]
+__all__ = ["CheckpointFileError", "CheckpointHooks", "check_checkpoint_file"]
 
 
 class CheckpointHooks:
@@ -110,12 +120,17 @@ class CheckpointHooks:
 
     def on_train_start(self) -> None:
         """After a resume: restore this rank's generator states (:mod:`lit_llm.lightning.rng_state`; last, right
-        before the first resumed step), refuse another optimizer class, warn about a configured lr that the
-        checkpoint overrides.
+        before the first resumed step), refuse another optimizer class and apply this run's optimizer and scheduler
+        knobs over the restored ones (:data:`~lit_llm.lightning.resume_options.RESUME_OPTIONS`:
+        ``optimizer.init_args``, ``lr_scheduler.init_args``).
 
         Lightning restores the checkpoint's optimizer state, param groups included, into the optimizer this run
-        built; another class then fails at its first step (e.g. ``KeyError: 'momentum'``) and a changed ``lr`` is
-        silently replaced by the saved one.
+        built (another class then fails at its first step, e.g. ``KeyError: 'momentum'``), and the scheduler's state
+        (its knobs included), replacing what this run configured. So each configured optimizer argument that
+        differs from the restored param groups' is set on them -- a new ``lr`` rescales the group's current lr by
+        ``new / old`` base lr and sets the scheduler's ``base_lrs`` (a warm-up or decay continues from the same step
+        with the new peak) -- and each configured scheduler attribute that differs is set on the scheduler (its step
+        count kept); one line says each applied value and the checkpoint's.
 
         Raises:
             ValueError: the checkpoint was written with another optimizer class (both named) or with param groups
@@ -142,16 +157,69 @@ class CheckpointHooks:
                     f"cannot be restored into {mine}. Resume with the checkpoint's optimizer "
                     f"(model.init_args.optimizer), or start a new run from the weights "
                     f"(lit-llm export, then model: <exported folder>).")
-            configured = opt.defaults.get("lr")
-            for g in opt.param_groups:
-                restored = g.get("initial_lr", g.get("lr"))
-                if configured is not None and restored is not None and not math.isclose(
-                        float(configured), float(restored), rel_tol=1e-9, abs_tol=0.0):
-                    rank_zero_warn(
-                        f"The configured learning rate {configured} is ignored on resume: Lightning restored the "
-                        f"checkpoint's optimizer state, whose lr is {restored}. To train on with another lr, start a "
-                        f"new run from the exported weights, or use an lr_scheduler.")
-                    break
+            schedulers = [c.scheduler for c in self.trainer.lr_scheduler_configs if c.scheduler.optimizer is opt]
+            for line in _apply_optimizer_knobs(opt, schedulers):
+                rank_zero_info(f"Resuming with {line}")
+        configured = getattr(self, "_configured_scheduler_states", [])
+        for config, state in zip(self.trainer.lr_scheduler_configs, configured):
+            for line in _apply_scheduler_knobs(config.scheduler, state):
+                rank_zero_info(f"Resuming with {line}")
+
+
+#: Optimizer arguments that are implementation flags, not knobs (never compared on resume).
+_NOT_KNOBS = frozenset({"params", "foreach", "fused", "capturable", "differentiable"})
+#: Scheduler state that is progress (kept from the checkpoint), not a knob.
+_SCHEDULER_PROGRESS = frozenset({"last_epoch", "_step_count", "_last_lr", "base_lrs", "_get_lr_called_within_step",
+                                 "_is_initial", "verbose", "lr_lambdas", "_schedulers", "optimizer"})
+
+
+def _differs(a: Any, b: Any) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return not math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+    return (list(a) if isinstance(a, tuple) else a) != (list(b) if isinstance(b, tuple) else b)
+
+
+def _apply_optimizer_knobs(opt: Any, schedulers: list[Any]) -> list[str]:
+    """Set the configured arguments of ``opt`` (``opt.defaults``) on its restored param groups where they differ;
+    a new ``lr`` rescales each group's current lr and sets ``initial_lr`` and the schedulers' ``base_lrs``. Returns
+    one line per applied knob."""
+    lines: list[str] = []
+    for key, value in opt.defaults.items():
+        if key in _NOT_KNOBS:
+            continue
+        for j, group in enumerate(opt.param_groups):
+            old = group.get("initial_lr", group.get(key)) if key == "lr" else group.get(key)
+            if old is None or not _differs(value, old):
+                continue
+            if key == "lr":
+                scale = float(value) / float(old) if float(old) else None
+                group["lr"] = group["lr"] * scale if scale is not None else value
+                if "initial_lr" in group:
+                    group["initial_lr"] = value
+                for scheduler in schedulers:
+                    if hasattr(scheduler, "base_lrs") and j < len(scheduler.base_lrs):
+                        scheduler.base_lrs[j] = value
+                    if getattr(scheduler, "_last_lr", None) and j < len(scheduler._last_lr):
+                        scheduler._last_lr[j] = group["lr"]
+            else:
+                group[key] = value
+            if j == 0:
+                lines.append(f"optimizer {key}={value!r} (the checkpoint's: {old!r}; now applied to the restored "
+                             f"optimizer{', current lr ' + repr(group['lr']) if key == 'lr' else ''})")
+    return lines
+
+
+def _apply_scheduler_knobs(scheduler: Any, configured: dict[str, Any]) -> list[str]:
+    """Set the configured scheduler attributes (from its ``state_dict()`` before the restore) that differ from the
+    restored ones, keeping its progress (step count, last lrs, base lrs). Returns one line per applied knob."""
+    lines: list[str] = []
+    restored = scheduler.state_dict()
+    for key, value in configured.items():
+        if key in _SCHEDULER_PROGRESS or key not in restored or not _differs(value, restored[key]):
+            continue
+        setattr(scheduler, key, copy.deepcopy(value))
+        lines.append(f"lr_scheduler {key}={value!r} (the checkpoint's: {restored[key]!r})")
+    return lines
 
 
 def _same_model_path(a: str, b: str) -> bool:
@@ -162,3 +230,154 @@ def _same_model_path(a: str, b: str) -> bool:
         return True
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     return pa.is_dir() and pb.is_dir() and pa.resolve() == pb.resolve()
+
+
+class CheckpointFileError(CLIConfigError):
+    """A ``--ckpt_path`` file that cannot be used; ``str()`` is one line: ``"--ckpt_path PATH: what is wrong. Fix."``
+    (a ``ValueError``)."""
+
+
+#: The first bytes of the files ``torch.save`` writes: a zip archive (the default since torch 1.6) or the legacy
+#: pickle (protocol 2 header).
+_ZIP_MAGIC, _PICKLE_MAGIC = b"PK\x03\x04", b"\x80\x02"
+
+
+def _what_it_is(head: bytes, path: Path) -> str:
+    """A guess at what a file that is not a torch checkpoint is, from its first bytes and its name."""
+    if path.suffix == ".safetensors" or (len(head) > 9 and head[8:10] == b'{"'):
+        return ("a safetensors file (model weights, not a Lightning checkpoint); to start a run from a Hugging Face "
+                "model give its folder as --model.init_args.model FOLDER, without --ckpt_path")
+    fix = "; give a .ckpt written by lit-llm fit (<run dir>/checkpoints/last.ckpt)"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "a JSON/text file, not a checkpoint" + fix
+    return f"not a checkpoint written by torch.save (it starts with {head[:8]!r})" + fix
+
+
+def _expected_class(expected_module: str | type | None) -> type | None:
+    if expected_module is None or isinstance(expected_module, type):
+        return expected_module
+    module_name, _, name = str(expected_module).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name, None)
+    except ImportError:
+        return None
+
+
+def _same_class(saved: str, expected: type | None, expected_name: str) -> bool:
+    """Whether the class path ``saved`` names ``expected`` or a subclass of it (two import paths of one class count as
+    the same)."""
+    if saved == expected_name:
+        return True
+    found = _expected_class(saved)
+    return expected is not None and isinstance(found, type) and issubclass(found, expected)
+
+
+def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type | None = None, *,
+                          resumable: bool = False, option: str = "--ckpt_path") -> dict[str, Any]:
+    """Check a checkpoint file cheaply before Lightning loads it, so that a bad file is one line naming it.
+
+    Reads the first bytes (the ``torch.save`` zip or legacy pickle header), the zip's central directory (a truncated
+    file has none) and the checkpoint's top-level keys with ``torch.load(mmap=True)`` (no tensor data is read).
+
+    Args:
+        path: the ``--ckpt_path`` file. A folder is returned as ``{}`` unchecked (sharded checkpoints of FSDP /
+            DeepSpeed are folders that Lightning's strategies read).
+        expected_module: the run's module (a class or its class path, e.g. ``model.class_path``); a checkpoint
+            written by another module class is refused. Checkpoints without a recorded class (written outside
+            ``lit-llm fit``) are refused when their hyperparameters are not options of ``expected_module`` (or of one
+            of its subclasses).
+        resumable: ``fit`` resumes from it: a weights-only checkpoint (no ``optimizer_states``) is refused.
+        option: the option named in the messages.
+
+    Returns:
+        The checkpoint's ``hyper_parameters`` (``{}`` when it has none).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        CheckpointFileError: an empty file, a truncated one, a file that is not a torch checkpoint (a safetensors
+            file is named as such), a torch file that is not a Lightning checkpoint (no ``state_dict``), a
+            weights-only checkpoint with ``resumable``, another module's checkpoint. The message is one line:
+            ``"<option> <path>: <what is wrong>. <the fix>"``.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return {}
+    if not p.exists():
+        raise FileNotFoundError(f"{option} {path}: no such file; give a .ckpt written by lit-llm fit (e.g. "
+                                f"<run dir>/checkpoints/last.ckpt) or {option} last.")
+    size = p.stat().st_size
+    if size == 0:
+        raise CheckpointFileError(f"{option} {path}: the file is empty (0 bytes), e.g. a copy or a save that did not "
+                                  f"finish; give another checkpoint (<run dir>/checkpoints/ keeps last.ckpt).")
+    with p.open("rb") as f:
+        head = f.read(16)
+    if not (head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_MAGIC)):
+        raise CheckpointFileError(f"{option} {path}: {_what_it_is(head, p)}.")
+    import torch
+
+    zipped = head.startswith(_ZIP_MAGIC)
+    if zipped:
+        try:
+            with zipfile.ZipFile(p) as z:
+                if not any(n.endswith("/data.pkl") or n == "data.pkl" for n in z.namelist()):
+                    raise CheckpointFileError(f"{option} {path}: a zip archive but not a torch checkpoint (no "
+                                              f"data.pkl inside).")
+        except (zipfile.BadZipFile, OSError) as e:
+            raise CheckpointFileError(
+                f"{option} {path}: the file is truncated or damaged ({size} bytes; {e}), e.g. a save interrupted "
+                f"or a copy that did not finish; give another checkpoint (<run dir>/checkpoints/ keeps last.ckpt)."
+            ) from None
+    try:
+        ckpt = torch.load(str(p), map_location="cpu", weights_only=False, mmap=zipped)
+    except Exception as e:  # noqa: BLE001  (any unpickling failure is a damaged file)
+        raise CheckpointFileError(f"{option} {path}: the file cannot be read as a checkpoint "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        if isinstance(ckpt, dict) and ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+            what = ("a bare state_dict (torch.save(model.state_dict())), not a Lightning checkpoint; to start from "
+                    "these weights, load them into a Hugging Face folder and give it as --model.init_args.model")
+        else:
+            keys = sorted(map(str, ckpt))[:6] if isinstance(ckpt, dict) else type(ckpt).__name__
+            what = f"a torch file but not a Lightning checkpoint (no 'state_dict'; it holds {keys})"
+        raise CheckpointFileError(f"{option} {path}: {what}.")
+    hparams = dict(ckpt.get("hyper_parameters") or {})
+    if expected_module is not None:
+        _check_module(path, hparams, expected_module, option)
+    if resumable and "optimizer_states" not in ckpt:
+        raise CheckpointFileError(
+            f"{option} {path}: this is a weights-only checkpoint (written with checkpoint.save_weights_only "
+            f"true): it has no optimizer state, so fit cannot resume from it. Resume from a full checkpoint "
+            f"(checkpoint.save_weights_only false, the default), or start a new run from these weights: lit-llm "
+            f"export --ckpt_path {path} --out DIR, then fit with --model.init_args.model DIR.")
+    return hparams
+
+
+def _check_module(path: Any, hparams: dict[str, Any], expected_module: str | type, option: str) -> None:
+    """See :func:`check_checkpoint_file` (``expected_module``)."""
+    expected = _expected_class(expected_module)
+    name = expected_module if isinstance(expected_module, str) else \
+        f"{expected_module.__module__}.{expected_module.__qualname__}"
+    saved = hparams.get("_class_path")
+    if saved is not None:
+        if _same_class(saved, expected, name):
+            return
+        theirs = saved
+    else:
+        if expected is None:
+            return
+        options = sorted(k for k in hparams if not k.startswith("_"))
+        classes, alien = [expected], options
+        while classes:  # the expected class or one of its subclasses takes every saved option
+            cls = classes.pop()
+            params = set(inspect.signature(cls.__init__).parameters)
+            if not [k for k in options if k not in params]:
+                return
+            if cls is expected:
+                alien = [k for k in options if k not in params]
+            classes.extend(cls.__subclasses__())
+        theirs = f"another module (its options {alien[:4]} are not {expected.__name__}'s)"
+    raise CheckpointFileError(
+        f"{option} {path}: a checkpoint of {theirs}, but this run's model is {name}: its weights and training "
+        f"state cannot be restored into another module. Use the checkpoint's own config (model.class_path "
+        f"{saved or '<its module>'}), or start this module from its weights: lit-llm export --ckpt_path {path} "
+        f"--out DIR, then --model.init_args.model DIR without {option}.")

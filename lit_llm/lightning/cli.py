@@ -15,6 +15,11 @@ Added to LightningCLI's own arguments:
   writing to ``<trainer.default_root_dir>/checkpoints`` so that ``--ckpt_path last`` finds it from any later run.
   Checkpoints are full (resumable) unless ``checkpoint.save_weights_only: true``; ``fit --ckpt_path`` on a
   weights-only one is an error naming that option (:func:`check_resumable`).
+* ``--ckpt_path FILE`` / ``--ckpt_path last`` (:meth:`LitLLMCLI._parse_ckpt_path`): the file is checked before
+  Lightning reads it (one line for an empty, truncated or non-checkpoint file, or another module's checkpoint); the
+  module options given (config or command line) win over the checkpoint's, applied or refused by
+  :data:`lit_llm.lightning.resume_options.RESUME_OPTIONS` (never silently replaced, as LightningCLI's own
+  ``ckpt_path`` handling does); options not given take the checkpoint's values.
 * ``--samples.*``: :class:`~lit_llm.lightning.callbacks.ValidationSamples` (generated answers after validation).
 * ``--trainer.precision auto`` (the default; :mod:`lit_llm.lightning.precision`): resolved before the Trainer is
   built to ``bf16-mixed`` where bf16 matmuls are native (CUDA with bf16, CPUs with AVX512-BF16 or AMX) and to
@@ -41,12 +46,13 @@ full message and the traceback.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from typing import Any
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -59,12 +65,15 @@ import lit_llm.lightning.grpo  # noqa: F401  (registers GRPOModule among PolicyM
 from lit_llm.cli_errors import CLIConfigError, OneLineErrors, debug_enabled, explain_config_error
 from lit_llm.cli_front import EXTRA_COMMANDS, PROG, answer_front, front
 from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
+from lit_llm.lightning.checkpointing import check_checkpoint_file
 from lit_llm.lightning.module import PolicyModule, check_manual_optimization_options
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
+from lit_llm.lightning.resume_options import check_resume_options
 
 __all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "USER_ERRORS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
-           "check_resumable", "checkpoint_dir", "default_loggers", "main", "route_optimizer_options", "run_console"]
+           "check_resumable", "checkpoint_dir", "default_loggers", "last_checkpoint", "main", "route_optimizer_options",
+           "run_console"]
 
 # Manual optimisation is deliberate (see lit_llm.lightning.module); a step-N checkpoint holds the weights after N steps.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -157,22 +166,24 @@ def route_optimizer_options(config: Any) -> None:
 
 
 def check_resumable(ckpt_path: str | os.PathLike) -> None:
-    """Whether ``fit --ckpt_path`` can resume from ``ckpt_path``: a weights-only checkpoint
+    """Whether ``fit --ckpt_path`` can resume from ``ckpt_path``
+    (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file` with ``resumable``): a weights-only checkpoint
     (``checkpoint.save_weights_only: true``) has no optimizer state to resume from.
 
     Raises:
-        CLIConfigError: the checkpoint has no ``optimizer_states``; the message names ``--ckpt_path`` and
-            ``checkpoint.save_weights_only`` and says how to start from the weights instead.
+        CheckpointFileError: the checkpoint has no ``optimizer_states`` (the message names ``--ckpt_path`` and
+            ``checkpoint.save_weights_only`` and says how to start from the weights instead), or is no checkpoint.
     """
-    import torch
+    check_checkpoint_file(ckpt_path, resumable=True)
 
-    ckpt = torch.load(str(ckpt_path), map_location="cpu", weights_only=False, mmap=True)
-    if "optimizer_states" not in ckpt:
-        raise CLIConfigError(
-            f"--ckpt_path {ckpt_path}: this is a weights-only checkpoint (written with checkpoint.save_weights_only "
-            f"true): it has no optimizer state, so fit cannot resume from it. Resume from a full checkpoint "
-            f"(checkpoint.save_weights_only false, the default), or start a new run from these weights: lit-llm "
-            f"export --ckpt_path {ckpt_path} --out DIR, then fit with --model.init_args.model DIR.")
+
+def last_checkpoint(dirpath: str | os.PathLike) -> str | None:
+    """The file ``--ckpt_path last`` resumes from: the newest ``last*.ckpt`` in ``dirpath`` (as Lightning's
+    ``ModelCheckpoint`` finds it), ``None`` when there is none."""
+    if not os.path.isdir(dirpath):
+        return None
+    found = [os.path.join(dirpath, n) for n in os.listdir(dirpath) if "last" in n and n.endswith(".ckpt")]
+    return max(found, key=os.path.getmtime) if found else None
 
 
 class LitLLMSaveConfig(SaveConfigCallback):
@@ -244,6 +255,68 @@ class LitLLMCLI(LightningCLI):
         finally:
             self._held_logs.release(emit=False)
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """LightningCLI's, keeping the command line for :meth:`_given_model_options`."""
+        self._argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
+        super().parse_arguments(parser, args)
+
+    def _given_model_options(self, subcommand: str) -> dict[str, Any] | None:
+        """The ``model.init_args`` options the user set (in ``--config`` files or on the command line, not the
+        defaults), parsed again without defaults; ``None`` when that parse fails (every option then counts as given)."""
+        if self._argv is None:
+            return None
+        root = self.config[subcommand].get("trainer", {}).get("default_root_dir")
+        argv = [*self._argv, "--trainer.default_root_dir", str(root or ".")]  # a link source must be present
+        try:
+            with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):  # a failure here is not the user's
+                given = self.parser.parse_args(argv, defaults=False)[subcommand]
+        except (SystemExit, Exception):  # noqa: BLE001
+            return None
+        init = given.get("model", {}).get("init_args") if hasattr(given.get("model"), "get") else None
+        return {} if init is None else dict(vars(init))
+
+    def _parse_ckpt_path(self) -> None:
+        """Replaces LightningCLI's (which re-applies the checkpoint's hyperparameters over the command line).
+
+        ``--ckpt_path FILE`` and ``--ckpt_path last`` (the newest ``last*.ckpt`` under ``checkpoint.dirpath``):
+        the file is checked first (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file`: one line for an
+        empty, truncated, non-checkpoint or weights-only file (``fit``) or another module's checkpoint, before
+        Lightning reads it); then the module options the user gave that differ from the checkpoint's are applied or
+        refused (:func:`~lit_llm.lightning.resume_options.check_resume_options`, one line per applied option), and
+        the options not given take the checkpoint's values.
+
+        Raises:
+            CheckpointFileError, ResumeOptionError, FileNotFoundError: one-line messages naming the path / option.
+        """
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path == "last":
+            trainer_cfg = config.get("trainer") or {}
+            dirpath = (config.get("checkpoint") or {}).get("dirpath") or checkpoint_dir(
+                trainer_cfg.get("default_root_dir"))
+            ckpt_path = last_checkpoint(dirpath)
+        elif ckpt_path in ("best", "hpc", "registry") or (ckpt_path and str(ckpt_path).startswith("registry:")):
+            return  # Lightning's own lookups
+        if not ckpt_path:
+            return
+        model = config.get("model")
+        class_path = getattr(model, "class_path", None) if model is not None else None
+        saved = check_checkpoint_file(ckpt_path, class_path, resumable=subcommand == "fit")
+        if not saved or class_path is None:
+            return
+        current = dict(vars(model.init_args)) if getattr(model, "init_args", None) is not None else {}
+        given = self._given_model_options(subcommand)
+        kept, applied = check_resume_options(saved, current if given is None else given, ckpt_path=ckpt_path)
+        kept = {k: v for k, v in kept.items() if k in current and current[k] != v}
+        if kept:
+            self.config = self.parser.parse_object(
+                {subcommand: {"model": {"class_path": class_path, "init_args": kept}}}, self.config)
+        for line in applied:
+            rank_zero_only(print)(f"Resuming from {ckpt_path} with {line}", flush=True)
+
     def after_instantiate_classes(self) -> None:
         """Emit the log lines held while the classes were built (the seed)."""
         self._held_logs.release(emit=True)
@@ -304,15 +377,8 @@ class LitLLMCLI(LightningCLI):
     def before_fit(self) -> None:
         """Refuse Trainer options that manual optimisation does not use
         (:func:`~lit_llm.lightning.module.check_manual_optimization_options`, before Lightning's own, less helpful
-        check) and resuming from a weights-only checkpoint (:func:`check_resumable`) before Lightning fails on it."""
+        check). The ``--ckpt_path`` file was checked when the command line was parsed (:meth:`_parse_ckpt_path`)."""
         check_manual_optimization_options(self.trainer)
-        ckpt_path = self._get(self.config_init, "ckpt_path")
-        if ckpt_path == "last":
-            found = [p for cb in self.trainer.checkpoint_callbacks if hasattr(cb, "_find_last_checkpoints")
-                     for p in cb._find_last_checkpoints(self.trainer)]
-            ckpt_path = max(found, key=os.path.getmtime) if found else None
-        if ckpt_path and os.path.isfile(ckpt_path):
-            check_resumable(ckpt_path)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The Trainer, with the default loggers (above) and, when ``trainer.enable_progress_bar`` is true and no

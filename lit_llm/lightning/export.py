@@ -215,6 +215,9 @@ def _check_checkpoint_file(ckpt: Path, who: str, option: str) -> None:
     if not ckpt.is_file():
         raise FileNotFoundError(f"{who}: checkpoint {str(ckpt)!r} not found; pass {option} "
                                 f"<run dir>/checkpoints/last.ckpt (or another .ckpt written by lit-llm fit).")
+    from lit_llm.lightning.checkpointing import check_checkpoint_file  # one line for a bad file (issue 30)
+
+    check_checkpoint_file(ckpt, "lit_llm.lightning.module.PolicyModule", option=option)
 
 
 def _umask_permissions(root: Path) -> None:

@@ -117,11 +117,17 @@ class PolicyModule(CheckpointHooks, LightningModule):
 
     # ----------------------------------------------------------------------------------------------- optimizer
     def configure_optimizers(self) -> Any:
-        """The optimizer over the trainable parameters of ``self.model`` and, if configured, a per-step scheduler."""
+        """The optimizer over the trainable parameters of ``self.model`` and, if configured, a per-step scheduler (its
+        configured state is kept: a resume applies its knobs over the checkpoint's,
+        :meth:`~lit_llm.lightning.checkpointing.CheckpointHooks.on_train_start`)."""
         opt = self.optimizer_factory([p for p in self.model.parameters() if p.requires_grad])
         if self.lr_scheduler_factory is None:
+            self._configured_scheduler_states: list[dict[str, Any]] = []
             return opt
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.lr_scheduler_factory(opt), "interval": "step"}}
+        scheduler = self.lr_scheduler_factory(opt)
+        # the knobs this run configured, before a resume restores the checkpoint's (applied in on_train_start)
+        self._configured_scheduler_states = [copy.deepcopy(scheduler.state_dict())]
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_fit_start(self) -> None:
         """Reject Trainer options that do not apply to manual optimisation (with the replacement to use), half

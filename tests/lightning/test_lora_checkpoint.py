@@ -6,7 +6,11 @@ outputs."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +26,7 @@ from lit_llm.models import base_model_identity, tiny_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROWS = [{"prompt": f"Say the number {i}.", "completion": f"The number is {i}, of course."} for i in range(8)]
+ROOT = Path(__file__).resolve().parents[2]
 LORA = dict(use_peft=True, lora_r=4, lora_alpha=16, lora_dropout=0.0)
 
 
@@ -207,3 +212,72 @@ def test_resume_with_another_process_count_warns_that_generators_are_not_restore
     torch.save(saved, two)
     with pytest.warns(UserWarning, match=r"saved by 2 process\(es\), this run has 1: they are not restored"):
         fit(tmp_path, lora_module(), 3, name="other_count", ckpt_path=str(two))
+
+
+# ------------------------------------------------------------------------ from the command line (issue 30 item 4)
+def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
+           "OMP_NUM_THREADS": "1"}
+    env.pop("LIT_LLM_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "lit_llm.cli_entry", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _first_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("lit-llm: error:")]
+    return line
+
+
+CLI_LORA = ["--config", str(ROOT / "configs/sft_tiny.yaml"), "--model.init_args.use_peft", "true",
+            "--model.init_args.lora_r", "4", "--trainer.enable_progress_bar", "false", "--trainer.precision", "32-true",
+            "--samples.num_samples", "0"]
+
+
+@pytest.fixture(scope="module")
+def cli_lora_ckpt(tmp_path_factory):
+    """``lit-llm fit`` of LoRA adapters over ``model: tiny`` for 1 step: its last.ckpt."""
+    run = tmp_path_factory.mktemp("cli_lora") / "run"
+    proc = _cli("fit", *CLI_LORA, "--trainer.default_root_dir", str(run), "--trainer.max_steps", "1",
+                "--trainer.val_check_interval", "1", "--checkpoint.every_n_train_steps", "1", cwd=run.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.slow
+def test_cli_resume_refuses_lora_adapters_over_another_base(cli_lora_ckpt, tmp_path, tokenizer):
+    """``--model.init_args.model OTHER`` with a LoRA checkpoint: refused naming the option and the checkpoint's base
+    (LightningCLI re-applied the checkpoint's ``model`` over the command line before, so this could not trigger)."""
+    other = tmp_path / "other-base"
+    tiny_model(tokenizer, seed=1, hidden_size=32, num_heads=2).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    line = _first_error(_cli("fit", *CLI_LORA, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
+                             str(cli_lora_ckpt), "--model.init_args.model", str(other), "--trainer.max_steps", "2",
+                             cwd=tmp_path))
+    assert line.startswith(f"lit-llm: error: --ckpt_path {cli_lora_ckpt}: model.init_args.model '{other}' differs "
+                           f"from the checkpoint's 'tiny'; model is the base weights and tokenizer the checkpoint's "
+                           f"weights (or LoRA adapters) were trained on, so the run cannot resume"), line
+    line = _first_error(_cli("fit", *CLI_LORA, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
+                             str(cli_lora_ckpt), "--model.init_args.lora_r", "8", "--trainer.max_steps", "2",
+                             cwd=tmp_path))
+    assert line.startswith(f"lit-llm: error: --ckpt_path {cli_lora_ckpt}: model.init_args.lora_r 8 differs from the "
+                           f"checkpoint's 4; lora_r is the adapters' shapes"), line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_cli_resume_refuses_a_base_that_changed_under_the_same_name(cli_lora_ckpt, tmp_path):
+    """The same ``model`` option whose config no longer hashes as recorded (a folder rewritten since training): the
+    LoRA base check of ``on_load_checkpoint`` names both identities."""
+    saved = torch.load(cli_lora_ckpt, map_location="cpu", weights_only=False)
+    mine = saved["lit_llm_peft"]["base_model"]["config_sha256"]
+    saved["lit_llm_peft"]["base_model"]["config_sha256"] = "0" * 64
+    changed = tmp_path / "changed.ckpt"
+    torch.save(saved, changed)
+    line = _first_error(_cli("fit", *CLI_LORA, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
+                             str(changed), "--trainer.max_steps", "2", cwd=tmp_path))
+    assert line == (
+        f"lit-llm: error: The LoRA checkpoint was trained on base model 'tiny' (config sha256 000000000000), but this "
+        f"module loads 'tiny' (config sha256 {mine[:12]}); adapters only make sense over the base they were trained "
+        f"on. Set model: tiny (the same folder, unchanged), or start a new run."), line
