@@ -1,0 +1,137 @@
+"""SIGTERM / SIGINT stop ``lit-llm fit`` cleanly (issue 30 item 3), from the user's side: the CLI in a subprocess is
+signalled once a training step is logged; it ends after the step with ``last.ckpt`` and exit status 143 (SIGTERM) /
+130 (SIGINT), and ``--ckpt_path last`` reaches the same final weights as an uninterrupted run. A second signal exits
+at once, even while a reward function hangs. Under DDP (2 gloo ranks) both ranks stop together."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.slow
+
+
+def sleepy_reward(completions, **kwargs):
+    """A reward function that takes 60 s (imported by the CLI subprocess as ``test_graceful_stop:sleepy_reward``)."""
+    time.sleep(60)
+    return [0.0] * len(completions)
+
+
+def _command(tmp: Path, config: str, *args: str) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("LOCAL_RANK", None)
+    cmd = [sys.executable, "-m", "lit_llm.lightning.cli", "fit", "--config", str(ROOT / "configs" / config),
+           "--trainer.default_root_dir", str(tmp), "--trainer.enable_progress_bar", "false", *args]
+    return cmd, env
+
+
+def _run(tmp: Path, config: str, *args: str) -> subprocess.CompletedProcess:
+    cmd, env = _command(tmp, config, *args)
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _train_rows(tmp: Path, key: str, version: int = 0) -> list[dict[str, str]]:
+    path = tmp / "csv" / f"version_{version}" / "metrics.csv"
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return [r for r in csv.DictReader(f) if r.get(key)]
+
+
+def _start(tmp: Path, config: str, *args: str) -> tuple[subprocess.Popen, Path]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    cmd, env = _command(tmp, config, *args)
+    log = tmp / "output.txt"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def _wait_for(condition, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise AssertionError(f"condition not met (exit {proc.returncode})\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+
+
+def _finish(proc: subprocess.Popen, log: Path, timeout: float = 300) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"the run did not stop within {timeout} s\n{log.read_text()[-4000:]}") from None
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def _stop_resume_and_compare(tmp: Path, config: str, key: str, signum: int, *args: str) -> None:
+    """An uninterrupted run; a run signalled after its first logged step (exit 128 + signum, last.ckpt of the step
+    it stopped at), resumed with ``--ckpt_path last``; both end with the same weights."""
+    _run(tmp / "full", config, *args)
+    proc, log = _start(tmp / "part", config, *args)
+    _wait_for(lambda: len(_train_rows(tmp / "part", key)) >= 1, proc, log)
+    proc.send_signal(signum)
+    code = _finish(proc, log)
+    out = log.read_text()
+    name = signal.Signals(signum).name
+    assert code == 128 + signum, out[-4000:]
+    assert (f"lit-llm: {name} received: stopping after the current optimizer step and writing last.ckpt (exit "
+            f"status {128 + signum}); send it again to exit at once.") in out
+    last = tmp / "part" / "checkpoints" / "last.ckpt"
+    stopped_at = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    full_steps = torch.load(tmp / "full" / "checkpoints" / "last.ckpt", map_location="cpu",
+                            weights_only=False)["global_step"]
+    assert 1 <= stopped_at < full_steps, (stopped_at, full_steps)
+    assert f"lit-llm: {name}: training stopped after step {stopped_at}; {last} written" in out
+    assert len(_train_rows(tmp / "part", key)) == stopped_at  # one logged row per step, none after the stop
+    _run(tmp / "part", config, *args, "--ckpt_path", "last")
+    full, resumed = _weights(tmp / "full" / "checkpoints" / "last.ckpt"), _weights(last)
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == full_steps
+    assert full.keys() == resumed.keys()
+    assert all(torch.equal(full[k], resumed[k]) for k in full), [k for k in full if not torch.equal(full[k],
+                                                                                                  resumed[k])]
+
+
+def test_sft_sigterm_stops_after_the_step_with_last_ckpt_and_resumes_exactly(tmp_path):
+    _stop_resume_and_compare(tmp_path, "sft_tiny.yaml", "train/loss", signal.SIGTERM, "--trainer.max_steps", "12")
+
+
+def test_grpo_sigint_stops_after_the_step_with_last_ckpt_and_resumes_exactly(tmp_path):
+    _stop_resume_and_compare(tmp_path, "grpo_tiny.yaml", "train/reward", signal.SIGINT, "--trainer.max_steps", "8",
+                             "--trainer.num_sanity_val_steps", "0")
+
+
+def test_a_second_sigterm_exits_at_once_while_a_reward_function_hangs(tmp_path):
+    proc, log = _start(tmp_path, "grpo_tiny.yaml", "--model.init_args.reward_funcs",
+                       '["test_graceful_stop:sleepy_reward"]', "--model.init_args.reward_weights", "null",
+                       "--model.init_args.reward_timeout", "null", "--trainer.num_sanity_val_steps", "0")
+    _wait_for(lambda: "Total params" in log.read_text(), proc, log)
+    time.sleep(5)  # training started: inside the first rollout (its reward call takes 60 s)
+    proc.send_signal(signal.SIGTERM)
+    _wait_for(lambda: "lit-llm: SIGTERM received" in log.read_text(), proc, log, timeout=30)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = _finish(proc, log, timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert code == -signal.SIGTERM  # killed by the signal itself, not a graceful 143
+    assert "lit-llm: second SIGTERM: exiting at once (checkpoints already written are complete)." in log.read_text()
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()  # no step ended: nothing written, nothing partial
