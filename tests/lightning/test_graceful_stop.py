@@ -37,6 +37,7 @@ def _command(tmp: Path, config: str, *args: str) -> tuple[list[str], dict[str, s
 
 
 def _run(tmp: Path, config: str, *args: str) -> subprocess.CompletedProcess:
+    tmp.mkdir(parents=True, exist_ok=True)
     cmd, env = _command(tmp, config, *args)
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -135,3 +136,37 @@ def test_a_second_sigterm_exits_at_once_while_a_reward_function_hangs(tmp_path):
     assert code == -signal.SIGTERM  # killed by the signal itself, not a graceful 143
     assert "lit-llm: second SIGTERM: exiting at once (checkpoints already written are complete)." in log.read_text()
     assert not (tmp_path / "checkpoints" / "last.ckpt").exists()  # no step ended: nothing written, nothing partial
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except FileNotFoundError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def test_ddp_sigterm_to_one_rank_stops_both_ranks_together(tmp_path):
+    """2 gloo ranks (Lightning's launcher starts rank 1 as its child): SIGTERM to rank 1 only; at the next step both
+    ranks agree to stop, ``last.ckpt`` is written and the launcher (rank 0, never signalled) exits 143."""
+    proc, log = _start(tmp_path, "sft_tiny.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+                       "--trainer.strategy", "ddp", "--trainer.max_steps", "40")
+    _wait_for(lambda: len(_train_rows(tmp_path, "train/loss")) >= 1, proc, log)
+    (rank1,) = [p for p in _children(proc.pid) if "lit_llm" in Path(f"/proc/{p}/cmdline").read_text()]
+    os.kill(rank1, signal.SIGTERM)
+    code = _finish(proc, log)
+    out = log.read_text()
+    assert code == 128 + signal.SIGTERM, out[-4000:]
+    assert "[rank 1] lit-llm: SIGTERM received: stopping after the current optimizer step" in out
+    stopped_at = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu",
+                            weights_only=False)["global_step"]
+    assert 1 <= stopped_at < 40 and len(_train_rows(tmp_path, "train/loss")) == stopped_at
+    assert f"lit-llm: SIGTERM: training stopped after step {stopped_at};" in out
+    deadline = time.monotonic() + 30
+    while _alive(rank1):
+        assert time.monotonic() < deadline, "rank 1 still runs after the launcher exited"
+        time.sleep(0.2)
