@@ -6,10 +6,16 @@ abandoned call (its thread keeps running, released here at the end of each test)
 
 from __future__ import annotations
 
+import csv
 import math
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,9 +27,12 @@ from lit_llm.lightning.grpo_options import build_rewards, episode_settings
 from lit_llm.policy import TransformersWrapper
 from lit_llm.rewards import RewardError, RewardFunctions
 from lit_llm.rollouts import RolloutEngine
+from lit_llm.rollouts.envs import CalculatorEnv
 from lit_llm.rollouts.episode_loop import run_episode
 from lit_llm.rollouts.episode_renderer import EpisodeRenderer
 from lit_llm.rollouts.settings import EpisodeSettings, RolloutError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -216,3 +225,58 @@ def test_env_timeout_is_validated_and_needs_an_environment():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert episode_settings(dict, env_timeout=5.0).env_timeout == 5.0
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+def sleepy_reward(completions, **kwargs):
+    """Takes 30 s (imported by the CLI subprocess as ``test_user_code_timeouts:sleepy_reward``)."""
+    time.sleep(30)
+    return [1.0] * len(completions)
+
+
+class SlowResetCalculator(CalculatorEnv):
+    """The calculator environment whose ``reset`` takes 30 s (``test_user_code_timeouts:SlowResetCalculator``)."""
+
+    def reset(self, row):
+        time.sleep(30)
+        return super().reset(row)
+
+
+def _cli(tmp: Path, config: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "lit_llm.lightning.cli", "fit", "--config", str(ROOT / "configs" / config),
+           "--trainer.default_root_dir", str(tmp), "--trainer.enable_progress_bar", "false", *args]
+    return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_cli_run_with_a_hanging_reward_function_trains_and_counts_its_timeouts(tmp_path):
+    t0 = time.monotonic()
+    proc = _cli(tmp_path, "grpo_tiny.yaml", "--model.init_args.reward_funcs",
+                '["test_user_code_timeouts:sleepy_reward", "test_user_code_timeouts:length_reward"]',
+                "--model.init_args.reward_weights", "null", "--model.init_args.reward_timeout", "0.5",
+                "--trainer.max_steps", "2", "--trainer.num_sanity_val_steps", "0", "--trainer.val_check_interval", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 300  # never the 30 s of each of the 3 calls (2 steps + 1 evaluation) in a row
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/reward")]
+    assert [float(r["train/rewards/sleepy_reward/timeouts"]) for r in rows] == [1.0, 1.0]
+    assert [float(r["train/rewards/length_reward/timeouts"]) for r in rows] == [0.0, 0.0]
+    assert all(r["train/rewards/sleepy_reward/mean"] == "nan" for r in rows)
+    assert ("UserWarning: Reward function 'sleepy_reward' did not return within reward_timeout=0.5 s on 16 "
+            "completions (prompt 0: ") in proc.stderr
+
+
+@pytest.mark.slow
+def test_cli_run_with_an_environment_whose_reset_hangs_ends_with_one_line(tmp_path):
+    t0 = time.monotonic()
+    proc = _cli(tmp_path, "grpo_tools_tiny.yaml", "--model.init_args.environment",
+                "test_user_code_timeouts:SlowResetCalculator", "--model.init_args.env_timeout", "0.5")
+    assert time.monotonic() - t0 < 300
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    first = proc.stderr.strip().splitlines()[-2]
+    assert re.fullmatch(r"lit-llm: error: environment SlowResetCalculator\.reset did not return within "
+                        r"env_timeout=0\.5 s on the row with prompt '.{1,80}' \(it keeps running on an abandoned "
+                        r"thread\)\. Fix the environment, or raise --model\.init_args\.env_timeout \(null: no "
+                        r"limit\)\.", first), proc.stderr[-2000:]
