@@ -59,6 +59,17 @@ def _env_name(env: Any) -> str:
     return type(env).__name__
 
 
+def _row_note(row: Mapping[str, Any]) -> str:
+    """``"the row with [sample_id 'x' and ]prompt '...'"``: the prompt's text (a chat prompt's last message), cut at
+    80 characters."""
+    prompt = row.get("prompt")
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[-1], Mapping):
+        prompt = prompt[-1].get("content")
+    text = repr(prompt[:77] + "..." if isinstance(prompt, str) and len(prompt) > 80 else prompt)
+    sample_id = row.get("sample_id")
+    return f"the row with {f'sample_id {sample_id!r} and ' if sample_id is not None else ''}prompt {text}"
+
+
 def _check_messages(messages: Any, env: Any, what: str, roles: Sequence[str]) -> list[dict]:
     if not isinstance(messages, (list, tuple)) or not all(
             isinstance(m, Mapping) and m.get("role") in roles and isinstance(m.get("content"), str)
@@ -193,7 +204,7 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
                 timed_out = True
                 end("env_timeout")
                 warnings.warn(f"environment {name}.step did not return within env_timeout={env_timeout} s after turn "
-                              f"{turn} of the episode on the prompt {row.get('prompt')!r:.80}: the episode ends "
+                              f"{turn} of the episode on {_row_note(row)}: the episode ends "
                               f"(reason env_timeout, counted in train/episodes/truncated/env_timeout); the step keeps "
                               f"running on an abandoned thread.", UserWarning, stacklevel=2)
                 break
@@ -234,9 +245,9 @@ def _first_render(env: Any, row: Mapping[str, Any], renderer: EpisodeRenderer, m
     except Exception as e:
         raise RolloutError(f"environment {name}.reset raised {type(e).__name__}: {e}") from e
     if initial is TIMED_OUT:
-        raise _ResetTimeout(f"environment {name}.reset did not return within env_timeout={env_timeout} s on the row "
-                            f"with prompt {row.get('prompt')!r:.80} (it keeps running on an abandoned thread). Fix "
-                            f"the environment, or raise --model.init_args.env_timeout (null: no limit).")
+        raise _ResetTimeout(f"environment {name}.reset did not return within env_timeout={env_timeout} s on "
+                            f"{_row_note(row)} (it keeps running on an abandoned thread). Fix the environment, or "
+                            f"raise --model.init_args.env_timeout (null: no limit).")
     initial = _check_messages(initial, env, "reset", ("system", "user", "assistant", "tool"))
     if not initial:
         raise RolloutError(f"environment {name}.reset returned no message; return the episode's first messages.")

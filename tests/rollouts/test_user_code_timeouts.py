@@ -179,9 +179,9 @@ def test_a_step_past_env_timeout_ends_the_episode_with_its_reason(tokenizer, rel
     assert (traj.turns, traj.truncated, traj.reason, traj.done, traj.env_reward) == (1, True, "env_timeout", False,
                                                                                      0.0)
     assert [str(w.message) for w in caught] == [
-        "environment SlowStep.step did not return within env_timeout=0.2 s after turn 0 of the episode on the prompt "
-        "'What is 2 + 2?': the episode ends (reason env_timeout, counted in train/episodes/truncated/env_timeout); "
-        "the step keeps running on an abandoned thread."]
+        "environment SlowStep.step did not return within env_timeout=0.2 s after turn 0 of the episode on the row "
+        "with prompt 'What is 2 + 2?': the episode ends (reason env_timeout, counted in "
+        "train/episodes/truncated/env_timeout); the step keeps running on an abandoned thread."]
     assert not env.closed  # the abandoned step may still use it
 
 
@@ -277,6 +277,6 @@ def test_cli_run_with_an_environment_whose_reset_hangs_ends_with_one_line(tmp_pa
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     first = proc.stderr.strip().splitlines()[-2]
     assert re.fullmatch(r"lit-llm: error: environment SlowResetCalculator\.reset did not return within "
-                        r"env_timeout=0\.5 s on the row with prompt '.{1,80}' \(it keeps running on an abandoned "
-                        r"thread\)\. Fix the environment, or raise --model\.init_args\.env_timeout \(null: no "
-                        r"limit\)\.", first), proc.stderr[-2000:]
+                        r"env_timeout=0\.5 s on the row with sample_id '[^']+' and prompt 'What is [^']{1,72}' "
+                        r"\(it keeps running on an abandoned thread\)\. Fix the environment, or raise "
+                        r"--model\.init_args\.env_timeout \(null: no limit\)\.", first), proc.stderr[-2000:]
