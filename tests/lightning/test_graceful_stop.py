@@ -1,7 +1,9 @@
 """SIGTERM / SIGINT stop ``lit-llm fit`` cleanly (issue 30 item 3), from the user's side: the CLI in a subprocess is
 signalled once a training step is logged; it ends after the step with ``last.ckpt`` and exit status 143 (SIGTERM) /
 130 (SIGINT), and ``--ckpt_path last`` reaches the same final weights as an uninterrupted run. A second signal exits
-at once, even while a reward function hangs. Under DDP (2 gloo ranks) both ranks stop together."""
+at once, even while a reward function hangs. Under DDP (2 gloo ranks) both ranks stop together. In process (fast): a
+``Trainer.fit`` signalled at a step stops after it with ``last.ckpt`` and gives the handlers back; a SIGTERM that
+Lightning's own handler took before training started still stops after the first step with ``last.ckpt``."""
 
 from __future__ import annotations
 
@@ -15,10 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lit_llm.lightning.graceful_stop import GracefulStop, stop_exit_code
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-pytestmark = pytest.mark.slow
 
 
 def sleepy_reward(completions, **kwargs):
@@ -112,15 +119,18 @@ def _stop_resume_and_compare(tmp: Path, config: str, key: str, signum: int, *arg
                                                                                                   resumed[k])]
 
 
+@pytest.mark.slow
 def test_sft_sigterm_stops_after_the_step_with_last_ckpt_and_resumes_exactly(tmp_path):
     _stop_resume_and_compare(tmp_path, "sft_tiny.yaml", "train/loss", signal.SIGTERM, "--trainer.max_steps", "12")
 
 
+@pytest.mark.slow
 def test_grpo_sigint_stops_after_the_step_with_last_ckpt_and_resumes_exactly(tmp_path):
     _stop_resume_and_compare(tmp_path, "grpo_tiny.yaml", "train/reward", signal.SIGINT, "--trainer.max_steps", "8",
                              "--trainer.num_sanity_val_steps", "0")
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_exits_at_once_while_a_reward_function_hangs(tmp_path):
     proc, log = _start(tmp_path, "grpo_tiny.yaml", "--model.init_args.reward_funcs",
                        '["test_graceful_stop:sleepy_reward"]', "--model.init_args.reward_weights", "null",
@@ -150,6 +160,7 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in f.read().split()]
 
 
+@pytest.mark.slow
 def test_ddp_sigterm_to_one_rank_stops_both_ranks_together(tmp_path):
     """2 gloo ranks (Lightning's launcher starts rank 1 as its child): SIGTERM to rank 1 only; at the next step both
     ranks agree to stop, ``last.ckpt`` is written and the launcher (rank 0, never signalled) exits 143."""
@@ -170,3 +181,49 @@ def test_ddp_sigterm_to_one_rank_stops_both_ranks_together(tmp_path):
     while _alive(rank1):
         assert time.monotonic() < deadline, "rank 1 still runs after the launcher exited"
         time.sleep(0.2)
+
+
+class _SignalAt(Callback):
+    """Sends ``signum`` to this process at the end of training batch ``at`` (before GracefulStop's hook runs)."""
+
+    def __init__(self, signum: int, at: int) -> None:
+        self.signum, self.at = signum, at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == self.at:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_in_process_fit_stops_after_the_signalled_step_with_last_ckpt(tmp_path, signum):
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop = GracefulStop()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=100)
+    trainer = Trainer(max_steps=20, limit_val_batches=0, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=[_SignalAt(signum, 2), stop, ckpt],
+                      default_root_dir=tmp_path)
+    trainer.fit(BoringModel())
+    assert (trainer.global_step, stop.signal, stop_exit_code(trainer)) == (3, signum, 128 + signum)
+    assert torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 3
+    assert {s: signal.getsignal(s) for s in before} == before  # the handlers are given back
+    assert stop_exit_code(Trainer(logger=False, callbacks=[GracefulStop()])) is None
+
+
+def test_a_sigterm_lightning_received_before_training_started_stops_after_the_first_step(tmp_path):
+    """A SIGTERM between Lightning's handler registration and ``on_train_start`` (here: while the train dataloader is
+    built) sets ``trainer.received_sigterm``: GracefulStop takes it as its signal and saves ``last.ckpt`` after the
+    first step; Lightning then raises its ``SIGTERMException`` (``lit-llm`` exits 143 for it)."""
+
+    class SignalWhileLoading(BoringModel):
+        def train_dataloader(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return super().train_dataloader()
+
+    stop = GracefulStop()
+    trainer = Trainer(max_steps=20, limit_val_batches=0, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=[stop, ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=100)])
+    with pytest.raises(SIGTERMException):
+        trainer.fit(SignalWhileLoading())
+    assert (trainer.global_step, stop.signal) == (1, signal.SIGTERM)
+    assert torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 1
