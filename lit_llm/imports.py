@@ -3,7 +3,8 @@ current directory, as ``python -m`` would import it) or ``"path/to/file.py:name"
 reward-function specs (:func:`lit_llm.rewards.resolve_reward`), environment specs
 (:func:`lit_llm.rollouts.envs.resolve_environment`) and a user's objective (``model.objective``); its errors name
 the spec, what was tried and the fix, in the words of the caller (``what``) and as the caller's error class
-(``error``).
+(``error``). Calling that code with a time limit: :func:`call_with_timeout` (a reward function, an environment's
+``reset`` / ``step``, a tool).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import importlib.util
 import os
 import re
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["import_module", "load_file", "load_target", "split_import_path"]
+__all__ = ["call_with_timeout", "import_module", "load_file", "load_target", "split_import_path"]
 
 
 def split_import_path(text: str) -> tuple[str, str, bool]:
@@ -143,3 +146,30 @@ def load_target(target: str, spec: str, is_file: bool, *, what: str, entry: str 
     if is_file:
         return load_file(target, spec, what=f"{what} file", error=error)
     return import_module(target, spec, what=what, entry=entry, error=error)
+
+
+def call_with_timeout(fn: Callable[[], Any], timeout: float | None,
+                      name: str) -> tuple[bool, Any, BaseException | None]:
+    """Run ``fn()`` on a daemon thread named ``name`` and wait at most ``timeout`` seconds (``None``: until it ends).
+
+    Python cannot stop a thread: a call that times out is abandoned and **keeps running** (as a daemon it never
+    blocks the caller nor the interpreter's exit; its result is dropped; whatever it holds stays held).
+
+    Returns:
+        ``(finished, value, error)``: ``finished`` is False when ``fn`` still runs after ``timeout``; otherwise
+        ``value`` is what ``fn`` returned or ``error`` what it raised (anything, ``BaseException`` included).
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        return False, None, None
+    return True, box.get("value"), box.get("error")

@@ -49,6 +49,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -59,6 +60,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import lit_llm.lightning.grpo  # noqa: F401  (registers GRPOModule among PolicyModule's subclasses: --model.help)
@@ -66,6 +68,7 @@ from lit_llm.cli_errors import CLIConfigError, OneLineErrors, debug_enabled, exp
 from lit_llm.cli_front import EXTRA_COMMANDS, PROG, answer_front, front
 from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
 from lit_llm.lightning.checkpointing import check_checkpoint_file
+from lit_llm.lightning.graceful_stop import stop_exit_code
 from lit_llm.lightning.module import PolicyModule, check_manual_optimization_options
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
@@ -427,15 +430,21 @@ def main(args: Sequence[str] | None = None) -> LitLLMCLI | None:
 def run_console() -> None:
     """:func:`main` for the console script: a :data:`USER_ERRORS` error is printed as one ``lit-llm: error: ...``
     message (:func:`~lit_llm.cli_errors.explain_config_error`; no traceback) and exits with status 2, unless
-    ``LIT_LLM_DEBUG`` is set (then it is raised)."""
+    ``LIT_LLM_DEBUG`` is set (then it is raised); a fit stopped by ``SIGTERM`` / ``SIGINT``
+    (:class:`~lit_llm.lightning.graceful_stop.GracefulStop`) exits with status 143 / 130."""
     try:
-        main()
+        cli = main()
     except USER_ERRORS as e:
         if debug_enabled():
             raise
         message = str(e) if isinstance(e, CLIConfigError) else explain_config_error(e)
         sys.stderr.write(f"{PROG}: error: {message}\n")
         raise SystemExit(2) from None
+    except SIGTERMException:  # Lightning's own stop (a SIGTERM before training started): not status 0
+        raise SystemExit(128 + signal.SIGTERM) from None
+    code = stop_exit_code(cli.trainer if cli is not None else None)
+    if code is not None:  # SIGTERM / SIGINT stopped the fit (GracefulStop): 143 / 130, after a clean end
+        raise SystemExit(code)
 
 
 def console_main() -> None:

@@ -17,7 +17,7 @@ metric                                   meaning (over every rank's episodes of 
 ``train/episodes/truncated/<reason>``    fraction ended for each engine reason
                                          (:data:`~lit_llm.rollouts.episodes.ENGINE_REASONS`: ``max_turns``,
                                          ``max_episode_tokens``, ``max_new_tokens``, ``max_context``,
-                                         ``step_timeout``, ``aborted``)
+                                         ``env_timeout``, ``aborted``)
 ``train/episodes/sampled_tokens_mean``   sampled (trained) ids per episode
 ``train/episodes/env_tokens_mean``       environment ids per episode (attended to, never trained)
 ``train/reward_by_turns/<k>``            mean total reward of the episodes with ``k`` turns (for each ``k`` seen)

@@ -21,8 +21,8 @@ One training batch = the prompts of one optimizer step (:mod:`lit_llm.lightning.
    micro-batches with the step count of the objective all-reduced over ranks before any backward pass.
    ``beta > 0`` adds the k3 KL to a frozen reference copy (built only then). ``num_iterations`` (μ) repeats the
    optimizer step μ times on the same rollouts (``global_step`` advances μ per batch).
-3. **Metrics** (per training batch, CSV/wandb): ``train/reward`` (+ ``_std``, per function
-   ``train/rewards/<fn>/mean|std``), ``train/frac_reward_zero_std``, ``train/completions/{mean,min,max}_length``,
+3. **Metrics** (per training batch, CSV/wandb): ``train/reward`` (+ ``_std``, per function ``train/rewards/<fn>/
+   mean|std|timeouts``), ``train/frac_reward_zero_std``, ``train/completions/{mean,min,max}_length``,
    ``train/completions/clipped_ratio`` (truncated fraction), ``train/loss``, ``train/kl`` (with a reference),
    ``train/entropy``, ``train/clip_ratio/{low,high,region}_mean``, ``train/ratio_mean`` (and this rank's
    ``train/ratio_{min,max}``), ``train/staleness``, ``train/dropped_rollouts``, ``time/{generation,rollout_wait,
@@ -92,7 +92,7 @@ from lit_llm.objectives.correction import RolloutCorrection
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutEngine
 from lit_llm.rollouts.engine import RESERVED_KEYS, mix_seed
-from lit_llm.rollouts.settings import RolloutSettings, check_count
+from lit_llm.rollouts.settings import DEFAULT_ENV_TIMEOUT, RolloutSettings, check_count
 
 __all__ = ["DEFAULT_REWARDS", "EnvironmentConfig", "GRPOModule", "check_environment_task", "check_old_log_probs",
            "environment_hparam", "environment_unresolved"]
@@ -198,6 +198,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             or class default; a one-time warning names both values when they differ); ``None`` (recommended): the
             environment's own.
         env_reward_weight: weight of the environment's reward (logged as ``train/rewards/env/mean``) in the total.
+        reward_timeout, env_timeout: seconds a reward-function call / an environment's ``reset`` or ``step`` may take
+            (``None``: no limit); a slower reward call scores ``None`` (warned, ``train/rewards/<name>/timeouts``), a
+            slower ``step`` ends its episode (reason ``env_timeout``), a slower ``reset`` is an error.
         dynamic_sampling: DAPO's dynamic sampling (arXiv:2503.14476, verl's ``filter_groups``; sync rollouts): a
             prompt group whose ``num_generations`` rewards are all equal has advantage 0 and only dilutes the step;
             while fewer than ``data.batch_size`` groups of the step differ, the next prompt batches of the epoch are
@@ -248,7 +251,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  environment: EnvironmentConfig | EnvironmentSpec | None = None,
                  max_turns: int | None = None, max_tool_calling_iterations: int | None = None,
                  max_episode_tokens: int | None = None, tool_timeout: float | None = None,
-                 env_reward_weight: float = 1.0, dynamic_sampling: bool = False, max_sampling_rounds: int = 3) -> None:
+                 env_reward_weight: float = 1.0, dynamic_sampling: bool = False, max_sampling_rounds: int = 3,
+                 reward_timeout: float | None = 60.0, env_timeout: float | None = DEFAULT_ENV_TIMEOUT) -> None:
         super().__init__(**PolicyModule.options_of(locals()))
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.environment, self.env_factory = environment_factory(environment)
@@ -264,9 +268,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                 batching=batching, num_workers=rollout_workers, rollout_mode=rollout_mode, sync_every=sync_every,
                 max_staleness=max_staleness, dynamic_sampling=dynamic_sampling,
                 max_sampling_rounds=max_sampling_rounds)
-            self.episode_settings = episode_settings(
-                self.env_factory, max_turns=max_turns, max_tool_calling_iterations=max_tool_calling_iterations,
-                max_episode_tokens=max_episode_tokens, tool_timeout=tool_timeout, env_reward_weight=env_reward_weight)
+            self.episode_settings = episode_settings(self.env_factory, env_timeout=env_timeout, max_turns=max_turns,
+                max_tool_calling_iterations=max_tool_calling_iterations, max_episode_tokens=max_episode_tokens,
+                tool_timeout=tool_timeout, env_reward_weight=env_reward_weight)
             check_old_log_probs(old_log_probs, rollout_correction, rollout_mode)
             self.objective = build_objective(
                 objective, loss_type=loss_type, with_environment=self.env_factory is not None, epsilon=epsilon,
@@ -276,7 +280,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                 rollout_correction=rollout_correction, rollout_correction_clip_max=rollout_correction_clip_max,
                 rollout_correction_clip_min=rollout_correction_clip_min)
         # reward-function errors name the spec and the entry themselves (no owner prefix, as the CLI shows them)
-        self.rewards, self.eval_rewards = build_rewards(reward_funcs, reward_weights, eval_reward_funcs,
+        self.rewards, self.eval_rewards = build_rewards(reward_funcs, reward_weights, eval_reward_funcs, reward_timeout,
                                                         with_environment=self.env_factory is not None)
         if micro_batch_size % num_generations:
             rank_zero_warn(f"GRPOModule: micro_batch_size={micro_batch_size} is not a multiple of num_generations="

@@ -118,7 +118,9 @@ def rollout_metrics(module: Any, rollout: RolloutBatch, *, staleness: int, wait_
                     step_time: float) -> dict[str, Tensor | float]:
     """The rollout-side metrics of a training batch over every rank's rows (one ``all_gather``, called by every rank
     in the same order: the ranks hold different prompts, so rank 0's rows alone would misreport rewards and lengths
-    under DDP); times, throughput and dynamic sampling's rounds are this rank's.
+    under DDP); times, throughput and dynamic sampling's rounds are this rank's. With a ``reward_timeout``,
+    ``train/rewards/<name>/timeouts``: the reward-function calls abandoned since the previous step's log, all ranks
+    (:meth:`~lit_llm.rewards.RewardFunctions.take_timeouts`; an asynchronous producer's calls included).
 
     Args:
         module: the :class:`~lit_llm.lightning.grpo.GRPOModule` (its trainer, device, ``all_gather``, counters and
@@ -128,8 +130,13 @@ def rollout_metrics(module: Any, rollout: RolloutBatch, *, staleness: int, wait_
     """
     names = list(rollout.rewards.keys())
     reward = rollout.reward.float()
+    rewards = getattr(module, "rewards", None)  # calls timed out since the last step's log, this rank's in row 0
+    timeouts = rewards.take_timeouts() if rewards is not None and rewards.timeout is not None else {}
+    counts = [torch.zeros_like(reward) for _ in timeouts]
+    for col, c in zip(counts, timeouts.values()):
+        col[:1] = float(c)
     cols = torch.stack([reward, rollout.completion_lengths.float(), rollout.truncated.float(),
-                        *[rollout.rewards[n].float() for n in names],
+                        *[rollout.rewards[n].float() for n in names], *counts,
                         torch.full_like(reward, float(rollout.frac_reward_zero_std))], 1).to(module.device)
     if module.trainer.world_size > 1:
         cols = module.all_gather(cols).reshape(-1, cols.shape[1])
@@ -158,6 +165,8 @@ def rollout_metrics(module: Any, rollout: RolloutBatch, *, staleness: int, wait_
         log[f"train/rewards/{name}/mean"] = values.nanmean()
         finite = values[~values.isnan()]
         log[f"train/rewards/{name}/std"] = finite.std() if finite.numel() > 1 else 0.0
+    for j, name in enumerate(timeouts):  # summed over ranks
+        log[f"train/rewards/{name}/timeouts"] = cols[:, 3 + len(names) + j].sum()
     if rollout.episodes is not None:  # multi-turn episodes: their own statistics (same rank order as cols)
         episodes = episode_columns(rollout.episodes).to(module.device)
         if module.trainer.world_size > 1:

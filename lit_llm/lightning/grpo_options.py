@@ -23,7 +23,7 @@ from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS
 from lit_llm.objectives.grpo import GRPOObjective
 from lit_llm.objectives.loss_types import Cispo
 from lit_llm.rewards import RewardError, RewardFunctions
-from lit_llm.rollouts.settings import EpisodeSettings
+from lit_llm.rollouts.settings import DEFAULT_ENV_TIMEOUT, EpisodeSettings, check_timeout
 
 __all__ = ["DEFAULT_REWARDS", "build_objective", "build_rewards", "check_old_log_probs", "episode_settings",
            "owner_errors"]
@@ -76,14 +76,15 @@ def episode_settings(env_factory: Callable[[], Any] | None, **options: Any) -> E
     Args:
         env_factory: the environment factory (``None``: single-turn GRPO).
         **options: the episode options (``max_turns``, ``max_tool_calling_iterations``, ``max_episode_tokens``,
-            ``tool_timeout``, ``env_reward_weight``).
+            ``tool_timeout``, ``env_reward_weight``, ``env_timeout``).
 
     Raises:
         ValueError: episode options without an environment (named, with the fix); an invalid option.
     """
     if env_factory is None:
-        given = [k for k, v in options.items() if v is not None and k != "env_reward_weight"]
-        given += ["env_reward_weight"] if options.get("env_reward_weight", 1.0) != 1.0 else []
+        defaults = {"env_reward_weight": 1.0, "env_timeout": DEFAULT_ENV_TIMEOUT}  # options not None by default
+        given = [k for k, v in options.items() if v is not None and k not in defaults]
+        given += [k for k, v in defaults.items() if options.get(k, v) != v]
         if given:
             raise ValueError(f"GRPOModule: {given} apply to multi-turn episodes only, but no environment is set. "
                              f"Set --model.init_args.environment (e.g. calculator), or drop them.")
@@ -92,18 +93,21 @@ def episode_settings(env_factory: Callable[[], Any] | None, **options: Any) -> E
 
 
 def build_rewards(reward_funcs: Sequence[RewardSpec] | None, reward_weights: list[float] | None,
-                  eval_reward_funcs: Sequence[RewardSpec] | None, *, with_environment: bool
-                  ) -> tuple[RewardFunctions | None, RewardFunctions | None]:
+                  eval_reward_funcs: Sequence[RewardSpec] | None, reward_timeout: float | None = None, *,
+                  with_environment: bool) -> tuple[RewardFunctions | None, RewardFunctions | None]:
     """``(rewards, eval_rewards)``: the training reward functions (``None``: the environment's reward alone) and the
-    evaluation ones (default: the training ones; ``None``: none).
+    evaluation ones (default: the training ones; ``None``: none), both with ``reward_timeout`` (seconds per call,
+    :class:`~lit_llm.rewards.RewardFunctions`' ``timeout``).
 
     ``reward_funcs`` ``None`` means :data:`DEFAULT_REWARDS` without an environment, none with one.
 
     Raises:
         RewardError: ``reward_weights`` of another length than ``reward_funcs``; a spec that does not resolve.
         ValueError: ``reward_weights`` without ``reward_funcs`` with an environment; an evaluation function named as
-            an episode evaluation metric.
+            an episode evaluation metric; a ``reward_timeout`` that is not a number > 0 or ``None``.
     """
+    with owner_errors("GRPOModule"):
+        check_timeout("reward_timeout", reward_timeout)
     if reward_funcs is None:
         reward_funcs = [] if with_environment else DEFAULT_REWARDS
     null_weights = ("a config that sets reward_weights keeps them when reward_funcs is changed on the command "
@@ -113,14 +117,14 @@ def build_rewards(reward_funcs: Sequence[RewardSpec] | None, reward_weights: lis
         raise RewardError(f"GRPOModule: reward_weights {list(reward_weights)} has {len(reward_weights)} entries "
                           f"but reward_funcs {list(reward_funcs)} has {len(reward_funcs)}; {null_weights}.")
     if not with_environment or list(reward_funcs):
-        rewards: RewardFunctions | None = RewardFunctions(list(reward_funcs), reward_weights)
+        rewards: RewardFunctions | None = RewardFunctions(list(reward_funcs), reward_weights, timeout=reward_timeout)
     else:  # the environment's reward alone
         if reward_weights:
             raise ValueError(f"GRPOModule: reward_weights {reward_weights} given without reward_funcs (the "
                              f"environment's reward is weighted by env_reward_weight); {null_weights}.")
         rewards = None
     evals = list(eval_reward_funcs or reward_funcs)
-    eval_rewards = RewardFunctions(evals) if evals else None
+    eval_rewards = RewardFunctions(evals, timeout=reward_timeout) if evals else None
     eval_names = [] if eval_rewards is None else eval_rewards.names
     clash = sorted(set(eval_names) & set(EPISODE_EVAL_METRICS)) if with_environment else []
     if clash:

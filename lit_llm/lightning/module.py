@@ -33,6 +33,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from lit_llm.lightning.checkpointing import CheckpointHooks
+from lit_llm.lightning.graceful_stop import GracefulStop
 from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes, trim_host_memory
 from lit_llm.lightning.policy_setup import (
     check_manual_optimization_options,
@@ -180,9 +181,10 @@ class PolicyModule(CheckpointHooks, LightningModule):
     versions: PolicyVersionSwitch
 
     def configure_callbacks(self) -> list[Any]:
-        """The :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` that owns the policy's versions (added here so
-        that ``--trainer.callbacks`` cannot drop it)."""
-        return [self.versions]
+        """The :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` that owns the policy's versions and a
+        :class:`~lit_llm.lightning.graceful_stop.GracefulStop` (SIGTERM / SIGINT stop at the next step with a
+        ``last.ckpt``), added here so that ``--trainer.callbacks`` cannot drop them."""
+        return [self.versions, GracefulStop()]
 
     # ---------------------------------------------------------------------------------------------- subclass API
     def micro_batch_ids(self, mb: Any) -> list[str]:

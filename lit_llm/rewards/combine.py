@@ -1,11 +1,14 @@
 """The checked, weighted combination of reward functions (:class:`RewardFunctions`: TRL's ``reward_funcs`` +
 ``reward_weights``): every function called with TRL's keyword arguments and the dataset columns, each value checked,
-``None`` left out of the weighted sum; a failure names the function and the sample."""
+``None`` left out of the weighted sum; a failure names the function and the sample; a call slower than ``timeout``
+is abandoned and scores ``None``."""
 
 from __future__ import annotations
 
 import inspect
 import math
+import threading
+import time
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -13,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_llm.imports import call_with_timeout
 from lit_llm.rewards.base import RewardError, RewardFn, TrainerState, required_columns
 from lit_llm.rewards.specs import resolve_reward
 
@@ -46,6 +50,12 @@ class RewardFunctions:
             ``"path/to/file.py:function"``).
         weights: one float per function; ``None`` means all 1.0.
         allow_all_none: accept samples for which every function returned ``None`` (total 0, with a warning).
+        timeout: seconds one call of one function may take (``None``: no limit). A call still running then is
+            abandoned on its daemon thread (Python cannot stop a thread: it **keeps running** and its result is
+            dropped); the function's scores for that call's completions are ``None`` (TRL: "does not apply", left
+            out of the weighted sum; a sample that is then ``None`` for every function totals 0, TRL's rule, whatever
+            ``allow_all_none``), with a ``UserWarning`` naming the function and the first prompt, and the call is
+            counted (:meth:`take_timeouts`). A function that *raises* is an error as before (:meth:`__call__`).
 
     Attributes:
         funcs, names: the resolved functions and their names.
@@ -54,12 +64,13 @@ class RewardFunctions:
 
     Raises:
         RewardError: (a ``ValueError``) no function, duplicate names, ``len(weights) != len(funcs)``, non-finite
-            weight, an unknown name or a spec that does not resolve (see :func:`resolve_reward`).
+            weight, an unknown name or a spec that does not resolve (see :func:`resolve_reward`), a ``timeout`` that
+            is not a number > 0 or ``None``.
         TypeError: an entry is neither callable nor a string.
     """
 
     def __init__(self, funcs: Sequence[RewardFn | str], weights: Sequence[float] | None = None, *,
-                 allow_all_none: bool = False) -> None:
+                 allow_all_none: bool = False, timeout: float | None = None) -> None:
         if isinstance(funcs, str) or callable(funcs):
             funcs = [funcs]
         if len(funcs) == 0:
@@ -79,6 +90,13 @@ class RewardFunctions:
             raise RewardError(f"reward_weights must be finite numbers, got {list(weights)}.")
         self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float32)
         self.allow_all_none = allow_all_none
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                    or not math.isfinite(timeout) or timeout <= 0):
+            raise RewardError(f"reward_timeout must be a number of seconds > 0, or null for no limit, got "
+                              f"{timeout!r}.")
+        self.timeout = None if timeout is None else float(timeout)
+        self._timeouts = dict.fromkeys(self.names, 0)
+        self._timeouts_lock = threading.Lock()
         self.required_columns: dict[str, tuple[str, ...]] = {n: required_columns(f)
                                                              for n, f in zip(self.names, self.funcs)}
 
@@ -113,16 +131,18 @@ class RewardFunctions:
 
         Raises:
             RewardError: (a ``ValueError``) naming the function and the sample index: a function raised (chained; the
-                failing sample is found by re-running it one sample at a time), returned the wrong number of values,
-                a non-number, NaN or inf; or a sample got ``None`` from every function (unless ``allow_all_none``).
+                failing sample is found by re-running it one sample at a time, within ``timeout`` in all), returned
+                the wrong number of values, a non-number, NaN or inf; or a sample got ``None`` from every function
+                (unless ``allow_all_none`` or a function timed out on it).
         """
         n = len(completions)
         trainer_state = TrainerState() if trainer_state is None else trainer_state
         per_function: dict[str, Tensor] = {}
+        timed_out: list[str] = []
         for fn, name in zip(self.funcs, self.names):
             try:
-                out = fn(prompts=prompts, completions=completions, completion_ids=completion_ids,
-                         trainer_state=trainer_state, **columns)
+                finished, out = self._call(fn, name, prompts=prompts, completions=completions,
+                                           completion_ids=completion_ids, trainer_state=trainer_state, **columns)
             except TypeError as e:
                 if not _rejects_keywords(fn, ["prompts", "completions", "completion_ids", "trainer_state", *columns]):
                     raise self._raised(fn, name, e, prompts, completions, completion_ids, trainer_state,
@@ -134,6 +154,11 @@ class RewardFunctions:
                                   f"def {getattr(fn, '__name__', 'reward')}(completions, **kwargs).") from e
             except Exception as e:
                 raise self._raised(fn, name, e, prompts, completions, completion_ids, trainer_state, columns) from e
+            if not finished:
+                timed_out.append(name)
+                self._count_timeout(name, n, prompts)
+                per_function[name] = torch.full((n,), math.nan, dtype=torch.float32)
+                continue
             try:
                 values = list(out)
             except TypeError:
@@ -146,7 +171,7 @@ class RewardFunctions:
                                               dtype=torch.float32)
         stacked = torch.stack(list(per_function.values()), dim=1) if n else torch.zeros(0, len(self.funcs))
         all_none = torch.isnan(stacked).all(dim=1).nonzero().flatten().tolist()
-        if all_none:
+        if all_none and not timed_out:  # with a timeout: total 0 (TRL's rule), the timeout already warned
             msg = (f"Every reward function {self.names} returned None for sample indices {all_none}; such samples "
                    f"get total reward 0 (TRL's behaviour).")
             if not self.allow_all_none:
@@ -156,29 +181,63 @@ class RewardFunctions:
         total = (stacked * self.weights).nansum(dim=1)
         return total, per_function
 
+    def _call(self, fn: RewardFn, name: str, deadline: float | None = None, **kwargs: Any) -> tuple[bool, Any]:
+        """``(finished, fn(**kwargs))``: directly without a timeout, else on a daemon thread waited for until the
+        timeout (or ``deadline``, a ``time.monotonic()`` value) and abandoned after it (``(False, None)``); what the
+        function raised is re-raised here."""
+        if self.timeout is None:
+            return True, fn(**kwargs)
+        wait = self.timeout if deadline is None else max(deadline - time.monotonic(), 0.0)
+        finished, out, error = call_with_timeout(lambda: fn(**kwargs), wait, f"lit_llm-reward-{name}")
+        if error is not None:
+            raise error
+        return finished, out
+
+    def _count_timeout(self, name: str, n: int, prompts: list) -> None:
+        with self._timeouts_lock:
+            self._timeouts[name] += 1
+        first = f" (prompt 0: {prompts[0]!r:.80})" if len(prompts) else ""
+        warnings.warn(f"Reward function {name!r} did not return within reward_timeout={self.timeout:g} s on {n} "
+                      f"completions{first}: its scores for them are None (left out of the weighted sum), counted in "
+                      f"train/rewards/{name}/timeouts; the call keeps running on an abandoned thread. Make the "
+                      f"function faster or raise --model.init_args.reward_timeout (null: no limit).", UserWarning,
+                      stacklevel=3)
+
+    def take_timeouts(self) -> dict[str, int]:
+        """Each function's calls that timed out since the previous :meth:`take_timeouts` (thread-safe: an
+        asynchronous producer may be rewarding meanwhile); the counts restart at 0."""
+        with self._timeouts_lock:
+            out, self._timeouts = self._timeouts, dict.fromkeys(self.names, 0)
+        return out
+
     def _raised(self, fn: RewardFn, name: str, e: Exception, prompts: list, completions: list,
                 completion_ids: list | None, trainer_state: TrainerState, columns: dict[str, list]) -> RewardError:
         """The error for reward function ``fn`` having raised ``e``, naming the first sample that raises alone."""
         n = len(completions)
-        i = self._failing_sample(fn, n, prompts, completions, completion_ids, trainer_state, columns)
+        i = self._failing_sample(fn, name, n, prompts, completions, completion_ids, trainer_state, columns)
         where = f"on sample {i} (completion {completions[i]!r:.120})" if i is not None else f"on {n} samples"
         return RewardError(f"Reward function {name!r} raised {type(e).__name__}: {e} {where}. Fix the function or the "
                            f"dataset columns it needs.")
 
-    @staticmethod
-    def _failing_sample(fn: RewardFn, n: int, prompts: list, completions: list, completion_ids: list | None,
-                        trainer_state: TrainerState, columns: dict[str, Any]) -> int | None:
-        """Re-run ``fn`` one sample at a time to find the first sample it raises on (only after a failure)."""
+    def _failing_sample(self, fn: RewardFn, name: str, n: int, prompts: list, completions: list,
+                        completion_ids: list | None, trainer_state: TrainerState,
+                        columns: dict[str, Any]) -> int | None:
+        """Re-run ``fn`` one sample at a time to find the first sample it raises on (only after a failure; within
+        ``timeout`` seconds in all: ``None`` when it runs out, or when no sample raises alone)."""
 
         def pick(x: Any, i: int) -> Any:
             return [x[i]] if isinstance(x, Sequence) and not isinstance(x, str) and len(x) == n else x
 
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
         for i in range(n):
             try:
-                fn(prompts=pick(prompts, i), completions=[completions[i]], completion_ids=pick(completion_ids, i),
-                   trainer_state=trainer_state, **{k: pick(v, i) for k, v in columns.items()})
+                finished, _ = self._call(fn, name, deadline, prompts=pick(prompts, i), completions=[completions[i]],
+                                         completion_ids=pick(completion_ids, i), trainer_state=trainer_state,
+                                         **{k: pick(v, i) for k, v in columns.items()})
             except Exception:
                 return i
+            if not finished:
+                return None
         return None
 
     @staticmethod

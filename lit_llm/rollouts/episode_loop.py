@@ -6,10 +6,12 @@ until the environment says ``done`` or one of the engine's limits (:data:`ENGINE
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,14 +21,14 @@ from torch import Tensor
 from lit_llm.policy.sampling import splitmix64
 from lit_llm.rollouts.envs.timeout import call_with_timeout
 from lit_llm.rollouts.episode_renderer import EpisodeRenderer
-from lit_llm.rollouts.settings import DEFAULT_MAX_TURNS, DEFAULT_STEP_TIMEOUT, RolloutError
+from lit_llm.rollouts.settings import DEFAULT_ENV_TIMEOUT, DEFAULT_MAX_TURNS, RolloutError
 from lit_llm.rollouts.trajectory import Segment, Trajectory
 
-__all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "ENGINE_REASONS", "run_episode", "turn_seed"]
+__all__ = ["DEFAULT_ENV_TIMEOUT", "DEFAULT_MAX_TURNS", "ENGINE_REASONS", "run_episode", "turn_seed"]
 
 
 #: Reasons the engine itself ends an episode (an environment gives its own in ``EnvStep.info["reason"]``).
-ENGINE_REASONS = ("max_turns", "max_episode_tokens", "max_new_tokens", "max_context", "step_timeout", "aborted")
+ENGINE_REASONS = ("max_turns", "max_episode_tokens", "max_new_tokens", "max_context", "env_timeout", "aborted")
 
 _ENV_ROLES = ("system", "user", "tool")
 _TURN_SALT = 0x5EED_7A5C_0000_0000
@@ -49,8 +51,23 @@ def turn_seed(row_seed: int, turn: int) -> int:
 Generate = Callable[[Tensor, "int | None"], tuple[Tensor, Tensor, bool]]
 
 
+class _ResetTimeout(RolloutError):
+    """``env.reset`` did not return within ``env_timeout`` (the environment is then not closed)."""
+
+
 def _env_name(env: Any) -> str:
     return type(env).__name__
+
+
+def _row_note(row: Mapping[str, Any]) -> str:
+    """``"the row with [sample_id 'x' and ]prompt '...'"``: the prompt's text (a chat prompt's last message), cut at
+    80 characters."""
+    prompt = row.get("prompt")
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[-1], Mapping):
+        prompt = prompt[-1].get("content")
+    text = repr(prompt[:77] + "..." if isinstance(prompt, str) and len(prompt) > 80 else prompt)
+    sample_id = row.get("sample_id")
+    return f"the row with {f'sample_id {sample_id!r} and ' if sample_id is not None else ''}prompt {text}"
 
 
 def _check_messages(messages: Any, env: Any, what: str, roles: Sequence[str]) -> list[dict]:
@@ -62,21 +79,29 @@ def _check_messages(messages: Any, env: Any, what: str, roles: Sequence[str]) ->
     return [dict(m) for m in messages]
 
 
-def _step(env: Any, messages: list[dict], timeout: float | None) -> Any:
-    """``env.step(messages)``, or ``None`` when it has not returned within ``timeout`` seconds (it keeps running on
-    an abandoned daemon thread)."""
+class _TimedOut:
+    """What :func:`_env_call` returns for a call that did not return within its timeout."""
+
+
+TIMED_OUT = _TimedOut()
+
+
+def _env_call(fn: Callable[[], Any], timeout: float | None, name: str) -> Any:
+    """``fn()`` (an environment's ``reset`` / ``step``), or :data:`TIMED_OUT` when it has not returned within
+    ``timeout`` seconds (``None``: no limit; it then keeps running on an abandoned daemon thread, its result
+    dropped). What ``fn`` raised is re-raised in the episode's thread."""
     if timeout is None:
-        return env.step(messages)
-    finished, out, error = call_with_timeout(lambda: env.step(messages), timeout, "lit_llm-env-step")
-    if error is not None:  # re-raised in the episode's thread
+        return fn()
+    finished, out, error = call_with_timeout(fn, timeout, name)
+    if error is not None:
         raise error
-    return out if finished else None
+    return out if finished else TIMED_OUT
 
 
 def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, generate: Generate,
                 max_turns: int = DEFAULT_MAX_TURNS, max_episode_tokens: int | None = None,
                 max_input_length: int | None = None, seed: int | None = None,
-                step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
+                env_timeout: float | None = DEFAULT_ENV_TIMEOUT,
                 stop: threading.Event | None = None) -> Trajectory:
     """Run one episode of ``env`` on dataset row ``row`` and return its :class:`Trajectory` (token-in / token-out).
 
@@ -97,7 +122,8 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
       (a prefix of the sampled ids), a suffix that leaves no room for one more sampled id is dropped
       (``"max_episode_tokens"``);
     * the next turn's input would exceed ``max_input_length`` (``"max_context"``; the suffix is dropped);
-    * ``env.step`` did not return within ``step_timeout`` seconds (``"step_timeout"``; reward of that step 0);
+    * ``env.step`` did not return within ``env_timeout`` seconds (``"env_timeout"``; reward of that step 0; the
+      step keeps running on an abandoned daemon thread);
     * ``stop`` was set (another episode failed; ``"aborted"``).
 
     So a trajectory always ends with a sampled turn. The engine's reasons set ``truncated`` (the objective's
@@ -114,7 +140,7 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
         max_episode_tokens: completion ids at most (sampled + environment), ``None``: no budget.
         max_input_length: longest input ``generate`` accepts (the context minus ``max_new_tokens``), ``None``: any.
         seed: the episode's row seed (turn ``t`` samples with :func:`turn_seed`), ``None``: the global RNG.
-        step_timeout: seconds ``env.step`` may take, ``None``: no limit.
+        env_timeout: seconds ``env.reset`` / ``env.step`` may take, ``None``: no limit.
         stop: ends the episode at its next turn when set.
 
     Returns:
@@ -122,7 +148,8 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
 
     Raises:
         RolloutError: ``max_turns`` is not an int >= 1 (before ``env.reset``); ``env.reset`` / ``env.step`` raised
-            or returned something that is not messages / an EnvStep, a non-finite reward, a first render that
+            or returned something that is not messages / an EnvStep, a non-finite reward; ``env.reset`` did not
+            return within ``env_timeout`` (naming the environment, the row's prompt and the option); a first render that
             leaves no room to generate (the message names the environment and the fix).
         ChatTemplateError: the template cannot render the environment's messages after a turn.
         Exception: whatever ``generate`` raised.
@@ -132,7 +159,7 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
                            f"{max_turns!r}.")
     timed_out = False
     try:
-        traj = _first_render(env, row, renderer, max_input_length)
+        traj = _first_render(env, row, renderer, max_input_length, env_timeout)
         prompt, length = traj.prompt_ids, traj.prompt_ids.numel()  # length: of the trajectory so far
 
         def end(reason: str) -> None:
@@ -166,15 +193,20 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
                 break
             t1 = time.perf_counter()
             try:
-                step = _step(env, [dict(m) for m in traj.messages], step_timeout)
+                step = _env_call(functools.partial(env.step, [dict(m) for m in traj.messages]), env_timeout,
+                                 "lit_llm-env-step")
             except Exception as e:
                 raise RolloutError(f"environment {name}.step raised {type(e).__name__}: {e} (environments report "
                                    f"tool and model-output errors as messages; an exception is a bug of the "
                                    f"environment)") from e
             traj.env_time += time.perf_counter() - t1
-            if step is None:
+            if step is TIMED_OUT:
                 timed_out = True
-                end("step_timeout")
+                end("env_timeout")
+                warnings.warn(f"environment {name}.step did not return within env_timeout={env_timeout} s after turn "
+                              f"{turn} of the episode on {_row_note(row)}: the episode ends "
+                              f"(reason env_timeout, counted in train/episodes/truncated/env_timeout); the step keeps "
+                              f"running on an abandoned thread.", UserWarning, stacklevel=2)
                 break
             _record_step(traj, step, env)
             if step.done:
@@ -195,20 +227,27 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
             if suffix.numel():  # a template may render nothing (Llama-2 after a turn without a new message)
                 traj.segments.append(Segment("env", suffix, torch.zeros(suffix.numel(), dtype=torch.float32)))
             length += suffix.numel()
+    except _ResetTimeout:
+        timed_out = True
+        raise
     finally:
         if not timed_out and callable(getattr(env, "close", None)):
             env.close()
     return traj
 
 
-def _first_render(env: Any, row: Mapping[str, Any], renderer: EpisodeRenderer,
-                  max_input_length: int | None) -> Trajectory:
+def _first_render(env: Any, row: Mapping[str, Any], renderer: EpisodeRenderer, max_input_length: int | None,
+                  env_timeout: float | None = None) -> Trajectory:
     """``env.reset(row)`` rendered: the trajectory of an episode before its first turn."""
     name = _env_name(env)
     try:
-        initial = env.reset(row)
+        initial = _env_call(lambda: env.reset(row), env_timeout, "lit_llm-env-reset")
     except Exception as e:
         raise RolloutError(f"environment {name}.reset raised {type(e).__name__}: {e}") from e
+    if initial is TIMED_OUT:
+        raise _ResetTimeout(f"environment {name}.reset did not return within env_timeout={env_timeout} s on "
+                            f"{_row_note(row)} (it keeps running on an abandoned thread). Fix the environment, or "
+                            f"raise --model.init_args.env_timeout (null: no limit).")
     initial = _check_messages(initial, env, "reset", ("system", "user", "assistant", "tool"))
     if not initial:
         raise RolloutError(f"environment {name}.reset returned no message; return the episode's first messages.")

@@ -63,15 +63,15 @@ from lit_llm.rollouts.episode_loop import (
 )
 from lit_llm.rollouts.episode_renderer import EpisodeRenderer
 from lit_llm.rollouts.settings import (
+    DEFAULT_ENV_TIMEOUT,
     DEFAULT_MAX_TURNS,
-    DEFAULT_STEP_TIMEOUT,
     EPISODE_BATCHING_TIMEOUT,
     EpisodeSettings,
     RolloutSettings,
 )
 from lit_llm.rollouts.trajectory import EPISODE_STAT_KEYS, Segment, Trajectory
 
-__all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "ENGINE_REASONS", "EPISODE_BATCHING_TIMEOUT",
+__all__ = ["DEFAULT_ENV_TIMEOUT", "DEFAULT_MAX_TURNS", "ENGINE_REASONS", "EPISODE_BATCHING_TIMEOUT",
            "EPISODE_STAT_KEYS", "EpisodeEngine", "EpisodeRenderer", "Segment", "Trajectory", "run_episode", "turn_seed"]
 
 
@@ -148,7 +148,7 @@ class EpisodeEngine(RolloutEngine):
         self.env_reward_weight = float(episode.env_reward_weight)
         self.max_turns = episode.turns
         self.max_episode_tokens = episode.max_episode_tokens
-        self.tool_timeout, self.step_timeout = episode.tool_timeout, episode.step_timeout
+        self.tool_timeout, self.env_timeout = episode.tool_timeout, episode.env_timeout
         self._warned_tool_timeout = False
         self.batching_timeout, self.max_batch_size = float(episode.batching_timeout), episode.max_batch_size
         self.renderer = EpisodeRenderer(tokenizer, chat_template=self.chat_template,
@@ -314,7 +314,7 @@ class EpisodeEngine(RolloutEngine):
                                        generate=self._generator(policy, i if batched else None),
                                        max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens,
                                        max_input_length=self.max_input_length,
-                                       seed=None if seeds is None else int(seeds[i]), step_timeout=self.step_timeout,
+                                       seed=None if seeds is None else int(seeds[i]), env_timeout=self.env_timeout,
                                        stop=stop)
             except BaseException as e:  # noqa: BLE001 - raised below, after the other episodes stop
                 stop.set()

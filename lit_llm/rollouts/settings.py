@@ -21,14 +21,15 @@ from typing import Any, Literal
 from lit_llm.objectives.advantages import check_advantage_settings
 from lit_llm.policy.generation_config import validate_generate_kwargs
 
-__all__ = ["DEFAULT_MAX_TURNS", "DEFAULT_STEP_TIMEOUT", "EPISODE_BATCHING_TIMEOUT", "EpisodeSettings",
-           "RolloutError", "RolloutSettings", "check_count"]
+__all__ = ["DEFAULT_ENV_TIMEOUT", "DEFAULT_MAX_TURNS", "EPISODE_BATCHING_TIMEOUT", "EpisodeSettings", "RolloutError",
+           "RolloutSettings", "check_count", "check_timeout"]
 
 #: Model turns per episode when neither ``max_turns`` nor ``max_tool_calling_iterations`` is given.
 DEFAULT_MAX_TURNS = 8
-#: Seconds an environment's ``step`` may take before its episode ends (reason ``"step_timeout"``): the engine's own
-#: guard against an environment that hangs (tools have their own ``tool_timeout`` inside the environment).
-DEFAULT_STEP_TIMEOUT = 300.0
+#: Seconds an environment's ``reset`` / ``step`` may take (``env_timeout``): a ``step`` slower than that ends its
+#: episode (reason ``"env_timeout"``), a ``reset`` slower than that is an error (there is no episode yet). The engine's
+#: own guard against an environment that hangs (tools have their own ``tool_timeout`` inside the environment).
+DEFAULT_ENV_TIMEOUT = 300.0
 #: Seconds a queued turn waits for the turns of other episodes before its batch runs anyway (the batcher's
 #: ``batching_timeout``). A round's batch normally runs when every live episode has queued its turn
 #: (:meth:`EpisodeEngine.run_episodes` keeps ``min_batch_size`` at the episodes still running), so the timeout is only
@@ -57,6 +58,18 @@ def check_count(name: str, value: Any, low: int, *, optional: bool = False) -> N
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise RolloutError(f"{name} must be an integer >= {low}, got {value!r}.")
+
+
+def check_timeout(name: str, value: Any) -> None:
+    """``value`` is a number of seconds ``> 0`` or ``None`` (no limit).
+
+    Raises:
+        RolloutError: ``"<name> must be a number of seconds > 0, or null for no limit, got <value>."``
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise RolloutError(f"{name} must be a number of seconds > 0, or null for no limit, got {value!r}.")
 
 
 def _check_number(name: str, value: Any, *, minimum: float, optional: bool = True) -> None:
@@ -168,7 +181,11 @@ class EpisodeSettings:
         max_tool_calling_iterations: TRL's name: environment replies at most (``max_turns = iterations + 1``).
         max_episode_tokens: completion ids per episode at most (sampled + environment; ``None``: the context).
         tool_timeout: seconds per tool call overriding the environment's own (``None``: the environment's).
-        step_timeout: seconds an environment's ``reset`` / ``step`` may take (``None``: no limit).
+        env_timeout: seconds an environment's ``reset`` / ``step`` may take (``None``: no limit). The call runs on a
+            daemon thread that is abandoned when it times out (Python cannot stop a thread: it keeps running, its
+            result is dropped, its environment is never closed): a ``step`` ends its episode (reason
+            ``"env_timeout"``, truncated, the step's reward 0), a ``reset`` is a :class:`RolloutError` naming the
+            environment and the row (no episode exists to truncate).
         batching_timeout: seconds the batcher waits for more turns before a shared forward pass.
         max_batch_size: rows per shared forward pass at most (``None``: no limit).
         tools_prompt: renders the tool schemas as a system message for templates without ``tools`` support.
@@ -184,7 +201,7 @@ class EpisodeSettings:
     max_tool_calling_iterations: int | None = None
     max_episode_tokens: int | None = None
     tool_timeout: float | None = None
-    step_timeout: float | None = DEFAULT_STEP_TIMEOUT
+    env_timeout: float | None = DEFAULT_ENV_TIMEOUT
     batching_timeout: float = EPISODE_BATCHING_TIMEOUT
     max_batch_size: int | None = None
     tools_prompt: Callable[[list], str] | None = None
@@ -206,7 +223,7 @@ class EpisodeSettings:
                 f"--model.init_args.max_turns {turns} --model.init_args.max_tool_calling_iterations null.")
         check_count("max_episode_tokens", self.max_episode_tokens, 1, optional=True)
         _check_number("tool_timeout", self.tool_timeout, minimum=1e-9)
-        _check_number("step_timeout", self.step_timeout, minimum=1e-9)
+        check_timeout("env_timeout", self.env_timeout)
         _check_number("batching_timeout", self.batching_timeout, minimum=1e-9, optional=False)
         check_count("max_batch_size", self.max_batch_size, 1, optional=True)
         w = self.env_reward_weight

@@ -389,7 +389,7 @@ def test_public_names_importable_from_episodes():
 
     homes = {"EpisodeRenderer": episode_renderer, "Segment": trajectory, "Trajectory": trajectory,
              "EPISODE_STAT_KEYS": trajectory, "run_episode": episode_loop, "turn_seed": episode_loop,
-             "DEFAULT_MAX_TURNS": episode_loop, "DEFAULT_STEP_TIMEOUT": episode_loop, "ENGINE_REASONS": episode_loop}
+             "DEFAULT_MAX_TURNS": episode_loop, "DEFAULT_ENV_TIMEOUT": episode_loop, "ENGINE_REASONS": episode_loop}
     assert set(homes) < set(episodes.__all__)
     for name, home in homes.items():
         assert getattr(episodes, name) is getattr(home, name), name

@@ -34,7 +34,7 @@ class CountEnv:
     Rows with ``"mode"``: ``"raise"``: every step's tool raises -> a tool message with the error, counted in
     ``tool_errors``, the episode goes on (a ``ToolEnv`` with ``on_tool_error="continue"``); ``"slow"``: the tool
     exceeds its ``tool_timeout`` -> the episode ends with a penalty (``on_tool_error="end"``); ``"hang"``: ``step``
-    itself never returns (the engine's ``step_timeout`` ends the episode)."""
+    itself never returns (the engine's ``env_timeout`` ends the episode)."""
 
     tool_timeout = 10.0
 
@@ -171,14 +171,14 @@ def test_sequential_episodes_are_bit_reproducible(tiny, tokenizer):
 
 
 def test_raising_and_hanging_tools_end_only_their_episode(tiny, tokenizer):
-    engine = tiny_engine(tiny, tokenizer, step_timeout=1.0, tool_timeout=0.2)
+    engine = tiny_engine(tiny, tokenizer, env_timeout=1.0, tool_timeout=0.2)
     modes = ["", "raise", "slow", "hang", "", "raise", "", ""]
     batch = {"prompt": [f"Episode {k}" for k in range(8)], "turns": [3] * 8, "mode": modes}
     t0 = time.perf_counter()
     rb = run_with_deadline(lambda: engine.rollout(batch, step=0), 60)
     assert time.perf_counter() - t0 < 30
     reasons = [e["reason"] for e in rb.episodes]
-    expect = {"": "answer", "raise": "answer", "slow": "tool_timeout", "hang": "step_timeout"}
+    expect = {"": "answer", "raise": "answer", "slow": "tool_timeout", "hang": "env_timeout"}
     assert reasons == [expect[m] for m in modes for _ in range(2)]
     for i, e in enumerate(rb.episodes):
         mode = modes[i // 2]

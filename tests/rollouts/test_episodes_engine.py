@@ -153,7 +153,7 @@ def test_settings_and_errors_name_the_fix(tokenizer):
     with pytest.raises(RolloutError, match=r"env_factory must be a callable"):
         EpisodeEngine(scripted(tokenizer), tokenizer=tokenizer, env_factory="calculator", num_generations=2)
     for key, value in (("max_episode_tokens", 0), ("max_turns", 0), ("batching_timeout", 0.0),
-                       ("step_timeout", -1.0)):
+                       ("env_timeout", -1.0)):
         with pytest.raises(RolloutError, match=key):
             make(tokenizer, **{key: value})
     with pytest.raises(RolloutError, match=r"num_generations must be an integer >= 2"):

@@ -1,0 +1,229 @@
+"""SIGTERM / SIGINT stop ``lit-llm fit`` cleanly (issue 30 item 3), from the user's side: the CLI in a subprocess is
+signalled once a training step is logged; it ends after the step with ``last.ckpt`` and exit status 143 (SIGTERM) /
+130 (SIGINT), and ``--ckpt_path last`` reaches the same final weights as an uninterrupted run. A second signal exits
+at once, even while a reward function hangs. Under DDP (2 gloo ranks) both ranks stop together. In process (fast): a
+``Trainer.fit`` signalled at a step stops after it with ``last.ckpt`` and gives the handlers back; a SIGTERM that
+Lightning's own handler took before training started still stops after the first step with ``last.ckpt``."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lit_llm.lightning.graceful_stop import GracefulStop, stop_exit_code
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def sleepy_reward(completions, **kwargs):
+    """A reward function that takes 60 s (imported by the CLI subprocess as ``test_graceful_stop:sleepy_reward``)."""
+    time.sleep(60)
+    return [0.0] * len(completions)
+
+
+def _command(tmp: Path, config: str, *args: str) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("LOCAL_RANK", None)
+    cmd = [sys.executable, "-m", "lit_llm.lightning.cli", "fit", "--config", str(ROOT / "configs" / config),
+           "--trainer.default_root_dir", str(tmp), "--trainer.enable_progress_bar", "false", *args]
+    return cmd, env
+
+
+def _run(tmp: Path, config: str, *args: str) -> subprocess.CompletedProcess:
+    tmp.mkdir(parents=True, exist_ok=True)
+    cmd, env = _command(tmp, config, *args)
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _train_rows(tmp: Path, key: str, version: int = 0) -> list[dict[str, str]]:
+    path = tmp / "csv" / f"version_{version}" / "metrics.csv"
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return [r for r in csv.DictReader(f) if r.get(key)]
+
+
+def _start(tmp: Path, config: str, *args: str) -> tuple[subprocess.Popen, Path]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    cmd, env = _command(tmp, config, *args)
+    log = tmp / "output.txt"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def _wait_for(condition, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise AssertionError(f"condition not met (exit {proc.returncode})\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+
+
+def _finish(proc: subprocess.Popen, log: Path, timeout: float = 300) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"the run did not stop within {timeout} s\n{log.read_text()[-4000:]}") from None
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def _stop_resume_and_compare(tmp: Path, config: str, key: str, signum: int, *args: str) -> None:
+    """An uninterrupted run; a run signalled after its first logged step (exit 128 + signum, last.ckpt of the step
+    it stopped at), resumed with ``--ckpt_path last``; both end with the same weights."""
+    _run(tmp / "full", config, *args)
+    proc, log = _start(tmp / "part", config, *args)
+    _wait_for(lambda: len(_train_rows(tmp / "part", key)) >= 1, proc, log)
+    proc.send_signal(signum)
+    code = _finish(proc, log)
+    out = log.read_text()
+    name = signal.Signals(signum).name
+    assert code == 128 + signum, out[-4000:]
+    assert (f"lit-llm: {name} received: stopping after the current optimizer step and writing last.ckpt (exit "
+            f"status {128 + signum}); send it again to exit at once.") in out
+    last = tmp / "part" / "checkpoints" / "last.ckpt"
+    stopped_at = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    full_steps = torch.load(tmp / "full" / "checkpoints" / "last.ckpt", map_location="cpu",
+                            weights_only=False)["global_step"]
+    assert 1 <= stopped_at < full_steps, (stopped_at, full_steps)
+    assert f"lit-llm: {name}: training stopped after step {stopped_at}; {last} written" in out
+    assert len(_train_rows(tmp / "part", key)) == stopped_at  # one logged row per step, none after the stop
+    _run(tmp / "part", config, *args, "--ckpt_path", "last")
+    full, resumed = _weights(tmp / "full" / "checkpoints" / "last.ckpt"), _weights(last)
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == full_steps
+    assert full.keys() == resumed.keys()
+    assert all(torch.equal(full[k], resumed[k]) for k in full), [k for k in full if not torch.equal(full[k],
+                                                                                                  resumed[k])]
+
+
+@pytest.mark.slow
+def test_sft_sigterm_stops_after_the_step_with_last_ckpt_and_resumes_exactly(tmp_path):
+    _stop_resume_and_compare(tmp_path, "sft_tiny.yaml", "train/loss", signal.SIGTERM, "--trainer.max_steps", "12")
+
+
+@pytest.mark.slow
+def test_grpo_sigint_stops_after_the_step_with_last_ckpt_and_resumes_exactly(tmp_path):
+    _stop_resume_and_compare(tmp_path, "grpo_tiny.yaml", "train/reward", signal.SIGINT, "--trainer.max_steps", "8",
+                             "--trainer.num_sanity_val_steps", "0")
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_exits_at_once_while_a_reward_function_hangs(tmp_path):
+    proc, log = _start(tmp_path, "grpo_tiny.yaml", "--model.init_args.reward_funcs",
+                       '["test_graceful_stop:sleepy_reward"]', "--model.init_args.reward_weights", "null",
+                       "--model.init_args.reward_timeout", "null", "--trainer.num_sanity_val_steps", "0")
+    _wait_for(lambda: "Total params" in log.read_text(), proc, log)
+    time.sleep(5)  # training started: inside the first rollout (its reward call takes 60 s)
+    proc.send_signal(signal.SIGTERM)
+    _wait_for(lambda: "lit-llm: SIGTERM received" in log.read_text(), proc, log, timeout=30)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = _finish(proc, log, timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert code == -signal.SIGTERM  # killed by the signal itself, not a graceful 143
+    assert "lit-llm: second SIGTERM: exiting at once (checkpoints already written are complete)." in log.read_text()
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()  # no step ended: nothing written, nothing partial
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except FileNotFoundError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+@pytest.mark.slow
+def test_ddp_sigterm_to_one_rank_stops_both_ranks_together(tmp_path):
+    """2 gloo ranks (Lightning's launcher starts rank 1 as its child): SIGTERM to rank 1 only; at the next step both
+    ranks agree to stop, ``last.ckpt`` is written and the launcher (rank 0, never signalled) exits 143."""
+    proc, log = _start(tmp_path, "sft_tiny.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+                       "--trainer.strategy", "ddp", "--trainer.max_steps", "40")
+    _wait_for(lambda: len(_train_rows(tmp_path, "train/loss")) >= 1, proc, log)
+    (rank1,) = [p for p in _children(proc.pid) if "lit_llm" in Path(f"/proc/{p}/cmdline").read_text()]
+    os.kill(rank1, signal.SIGTERM)
+    code = _finish(proc, log)
+    out = log.read_text()
+    assert code == 128 + signal.SIGTERM, out[-4000:]
+    assert "[rank 1] lit-llm: SIGTERM received: stopping after the current optimizer step" in out
+    stopped_at = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu",
+                            weights_only=False)["global_step"]
+    assert 1 <= stopped_at < 40 and len(_train_rows(tmp_path, "train/loss")) == stopped_at
+    assert f"lit-llm: SIGTERM: training stopped after step {stopped_at};" in out
+    deadline = time.monotonic() + 30
+    while _alive(rank1):
+        assert time.monotonic() < deadline, "rank 1 still runs after the launcher exited"
+        time.sleep(0.2)
+
+
+class _SignalAt(Callback):
+    """Sends ``signum`` to this process at the end of training batch ``at`` (before GracefulStop's hook runs)."""
+
+    def __init__(self, signum: int, at: int) -> None:
+        self.signum, self.at = signum, at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == self.at:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_in_process_fit_stops_after_the_signalled_step_with_last_ckpt(tmp_path, signum):
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop = GracefulStop()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=100)
+    trainer = Trainer(max_steps=20, limit_val_batches=0, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=[_SignalAt(signum, 2), stop, ckpt],
+                      default_root_dir=tmp_path)
+    trainer.fit(BoringModel())
+    assert (trainer.global_step, stop.signal, stop_exit_code(trainer)) == (3, signum, 128 + signum)
+    assert torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 3
+    assert {s: signal.getsignal(s) for s in before} == before  # the handlers are given back
+    assert stop_exit_code(Trainer(logger=False, callbacks=[GracefulStop()])) is None
+
+
+def test_a_sigterm_lightning_received_before_training_started_stops_after_the_first_step(tmp_path):
+    """A SIGTERM between Lightning's handler registration and ``on_train_start`` (here: while the train dataloader is
+    built) sets ``trainer.received_sigterm``: GracefulStop takes it as its signal and saves ``last.ckpt`` after the
+    first step; Lightning then raises its ``SIGTERMException`` (``lit-llm`` exits 143 for it)."""
+
+    class SignalWhileLoading(BoringModel):
+        def train_dataloader(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return super().train_dataloader()
+
+    stop = GracefulStop()
+    trainer = Trainer(max_steps=20, limit_val_batches=0, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=[stop, ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=100)])
+    with pytest.raises(SIGTERMException):
+        trainer.fit(SignalWhileLoading())
+    assert (trainer.global_step, stop.signal) == (1, signal.SIGTERM)
+    assert torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 1
