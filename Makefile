@@ -54,13 +54,13 @@ lint: $(STAMP)
 
 # Default suite (< 15 min): unit + property tests on the tiny model, a few real-model tests.
 test: $(STAMP) lint
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow and not vllm" -q
 
 # Slow suite: CLI end to end, DDP subprocesses, stress, real-model runs.
 test-slow: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "slow and not vllm" -q
 
-# vLLM suite (tests marked `vllm`) in .venv-vllm; a missing vLLM fails it (tests/conftest.py).
+# vLLM suite (tests marked `vllm`, < 6 min) in .venv-vllm; a missing vLLM fails them (tests/conftest.py).
 test-vllm: $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest -m vllm -q
 
