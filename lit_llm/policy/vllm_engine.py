@@ -21,7 +21,7 @@ What an in-process engine changes in the process that builds it (vLLM 0.32, CPU 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,7 +166,10 @@ def load_weights(llm: Any, weights: Iterable[tuple[str, Tensor]]) -> None:
             ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
         weights: ``(name, tensor)`` pairs with the HF checkpoint's names, e.g. ``model.named_parameters()`` or
             ``model.state_dict().items()`` of the trainer's HF model (any device / dtype; read once, may be a
-            generator). Push every weight: vLLM only logs the names it did not receive.
+            generator). Push every weight: vLLM only logs the layers it did not receive and keeps their old values.
+            A tied output head (``tie_word_embeddings``) is pushed as ``lm_head.weight`` from the pushed
+            ``*embed_tokens.weight`` when the pairs lack it (``named_parameters()`` lists a tied weight once; vLLM's
+            in-place reload would keep the old head).
 
     Raises:
         ValueError: ``llm`` is not a ``vllm.LLM`` or its engine core runs in another process (tensors would be
@@ -181,7 +184,20 @@ def load_weights(llm: Any, weights: Iterable[tuple[str, Tensor]]) -> None:
         raise ValueError(f"load_weights: the engine core runs in another process ({core}), where the weights would be "
                          f"serialised and copied; build the engine with VLLM_ENABLE_V1_MULTIPROCESSING=0 "
                          f"(lit_llm.policy.vllm_engine.make_engine does).")
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+    tied = bool(getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _with_tied_head(weights, tied)})
     if llm.reset_prefix_cache() is False:
         raise RuntimeError("load_weights: the weights were pushed but vLLM did not reset its prefix cache (a request "
                            "was still running); call llm.reset_prefix_cache() once no generate call is in flight.")
+
+
+def _with_tied_head(weights: Iterable[tuple[str, Tensor]], tied: bool) -> Iterator[tuple[str, Tensor]]:
+    """The pairs, then ``("lm_head.weight", <the embedding>)`` for a tied head the pairs did not name (HF's names)."""
+    embedding, head = None, False
+    for name, tensor in weights:
+        if name.endswith("embed_tokens.weight"):
+            embedding = tensor
+        head = head or name.endswith("lm_head.weight")
+        yield name, tensor
+    if tied and not head and embedding is not None:
+        yield "lm_head.weight", embedding
