@@ -37,13 +37,21 @@ from lit_llm.policy.logprob_version import LogProbVersionMixin
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.policy.vllm_engine import EngineModel, is_vllm_engine, load_weights, make_engine, require_vllm
 
-__all__ = ["NO_VLLM_MAPPING", "SAMPLING_SEED_KEY", "vLLMWrapper"]
+__all__ = ["NO_VLLM_MAPPING", "SAMPLING_SEED_KEY", "WRAPPER_SETTINGS", "vLLMWrapper"]
 
 #: Standardised ``generate_kwargs`` that vLLM's ``SamplingParams`` has no equivalent for (refused, with the reason).
 NO_VLLM_MAPPING = {
     "no_repeat_ngram_size": "vLLM's SamplingParams has no n-gram blocking; drop it or use TransformersWrapper",
 }
 _ALIASES = ("max_tokens", "n")
+#: The wrapper settings vLLMWrapper passes on to :meth:`LLMWrapperBase._init_common` as keyword arguments, with their
+#: defaults (TransformersWrapper's).
+WRAPPER_SETTINGS: dict[str, Any] = {
+    "input_key": None, "pad_output": False, "inplace": None, "return_log_probs": None, "return_text": None,
+    "return_tokens": None, "return_masks": None, "return_history": None, "history_key": "history", "text_key": "text",
+    "tokens_key": "tokens", "masks_key": "masks", "log_probs_key": "log_probs", "batching": None,
+    "min_batch_size": None, "max_batch_size": None, "batching_timeout": 10.0,
+}
 _NO_DIST = ("vLLM returns the log-probs of given ids, not logits or hidden states, so there is no masked "
             "distribution to build; the loss needs TransformersWrapper's log-prob version "
             "(TransformersWrapper(model, ...).get_new_version(generate=False))")
@@ -59,10 +67,12 @@ class vLLMWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInputsMixin,
             :func:`~lit_llm.policy.vllm_engine.make_engine` with ``engine_kwargs``.
         tokenizer: the HF tokenizer prompts are rendered and responses decoded with; default: loaded from the
             engine's model folder (:func:`lit_llm.models.load_tokenizer`), not vLLM's wrapped copy.
-        input_mode, input_key, generate, tokenizer_kwargs, pad_output, inplace, num_samples, chat_template,
-        chat_template_name, return_log_probs, return_text, return_tokens, return_masks, return_history, history_key,
-        text_key, tokens_key, masks_key, log_probs_key, attention_mask_key, batching, min_batch_size,
-        max_batch_size, batching_timeout: as in :class:`~lit_llm.policy.transformers_wrapper.TransformersWrapper`.
+        input_mode, generate, num_samples, chat_template, chat_template_name, tokenizer_kwargs, attention_mask_key:
+            as in :class:`~lit_llm.policy.transformers_wrapper.TransformersWrapper`.
+        **settings: the other settings of TransformersWrapper, same names, meaning and defaults
+            (:data:`WRAPPER_SETTINGS`: ``input_key``, ``pad_output``, ``inplace``, ``return_log_probs``,
+            ``return_text`` / ``return_tokens`` / ``return_masks`` / ``return_history``, the output keys, ``batching``,
+            ``min_batch_size``, ``max_batch_size``, ``batching_timeout``); any other keyword is a ``TypeError``.
         generate_kwargs: TorchRL's standardised names (``max_tokens`` and ``n`` accepted as aliases), mapped to
             ``SamplingParams``: ``max_new_tokens`` -> ``max_tokens``; ``do_sample=False`` / no temperature ->
             ``temperature=0`` (greedy); ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``;
@@ -114,36 +124,24 @@ class vLLMWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInputsMixin,
         *,
         tokenizer: Any = None,
         input_mode: Literal["history", "text", "tokens"] = "history",
-        input_key: NestedKey | None = None,
         generate: bool = True,
         generate_kwargs: dict[str, Any] | None = None,
-        tokenizer_kwargs: dict[str, Any] | None = None,
-        pad_output: bool = False,
-        inplace: bool | Literal["empty"] | None = None,
-        device: torch.device | str | None = None,
         num_samples: int | None = None,
+        temperature: float | None = None,
         chat_template: str | None = None,
-        return_log_probs: bool | None = None,
-        return_text: bool | None = None,
-        return_tokens: bool | None = None,
-        return_masks: bool | None = None,
-        return_history: bool | None = None,
         chat_template_name: str | None = None,
-        history_key: NestedKey = "history",
-        text_key: NestedKey = "text",
-        tokens_key: NestedKey = "tokens",
-        masks_key: NestedKey = "masks",
-        log_probs_key: NestedKey = "log_probs",
+        tokenizer_kwargs: dict[str, Any] | None = None,
+        device: torch.device | str | None = None,
         attention_mask_key: NestedKey = "attention_mask",
         pad_model_input: bool | None = None,
-        batching: bool | None = None,
-        min_batch_size: int | None = None,
-        max_batch_size: int | None = None,
-        batching_timeout: float = 10.0,
-        temperature: float | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        **settings: Any,
     ) -> None:
         super().__init__()
+        unknown = sorted(set(settings) - set(WRAPPER_SETTINGS))
+        if unknown:
+            raise TypeError(f"vLLMWrapper: unexpected keyword arguments {unknown}; the wrapper settings besides the "
+                            f"named ones are {sorted(WRAPPER_SETTINGS)}.")
         model = _resolve_engine(model, engine_kwargs)
         mode = model.llm_engine.model_config.logprobs_mode
         if mode != "processed_logprobs":
@@ -156,13 +154,8 @@ class vLLMWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInputsMixin,
         self.generate_kwargs = standardize_generate_kwargs(generate_kwargs)
         self.generation_config = resolve_generation_config(self.generate_kwargs, self._engine_model, tokenizer)
         self._user_temperature, self._user_num_samples = temperature, num_samples
-        n = self.generation_config.num_return_sequences
-        if generate and "num_return_sequences" in self.generate_kwargs:
-            if num_samples is None:
-                num_samples = n if n > 1 else None
-            elif num_samples != n:
-                raise ValueError(f"num_samples={num_samples} contradicts generate_kwargs num_return_sequences/n={n}; "
-                                 f"pass only one of them.")
+        if generate:
+            num_samples = _samples_per_prompt(num_samples, self.generate_kwargs, self.generation_config)
         self.temperature = _log_prob_temperature(temperature, self.generation_config.temperature, generate)
         if chat_template is not None and chat_template_name is not None:
             raise ValueError(f"pass chat_template or chat_template_name, not both (got chat_template_name="
@@ -175,14 +168,8 @@ class vLLMWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInputsMixin,
         if pad_model_input is not None:
             raise ValueError(f"pad_model_input={pad_model_input!r} is not supported by vLLMWrapper (TorchRL's rule): "
                              f"vLLM takes unpadded token lists. Leave pad_model_input None.")
-        self._init_common(
-            model=model, tokenizer=tokenizer, input_mode=input_mode, input_key=input_key, generate=generate,
-            pad_output=pad_output, inplace=inplace, num_samples=num_samples, return_log_probs=return_log_probs,
-            history_key=history_key, text_key=text_key, tokens_key=tokens_key, masks_key=masks_key,
-            log_probs_key=log_probs_key, batching=batching, min_batch_size=min_batch_size,
-            max_batch_size=max_batch_size, batching_timeout=batching_timeout, return_text=return_text,
-            return_tokens=return_tokens, return_masks=return_masks, return_history=return_history,
-        )
+        self._init_common(model=model, tokenizer=tokenizer, input_mode=input_mode, generate=generate,
+                          num_samples=num_samples, **{**WRAPPER_SETTINGS, **settings})
 
     # the same reading of inputs as TransformersWrapper (no model call in these)
     _k = TransformersWrapper._k
@@ -328,6 +315,18 @@ def _resolve_engine(model: Any, engine_kwargs: dict[str, Any] | None) -> Any:
         return make_engine(model, **(engine_kwargs or {}))
     raise ValueError(f"vLLMWrapper: model must be a vllm.LLM, a model name or a local folder; got "
                      f"{type(model).__name__} (an HF model goes in TransformersWrapper).")
+
+
+def _samples_per_prompt(num_samples: int | None, generate_kwargs: dict[str, Any], config: Any) -> int | None:
+    """``num_samples`` of the generate version: the argument, or ``generate_kwargs``' ``n`` / ``num_return_sequences``
+    (``None`` for 1); both given and different raises."""
+    if "num_return_sequences" not in generate_kwargs:
+        return num_samples
+    n = config.num_return_sequences
+    if num_samples is not None and num_samples != n:
+        raise ValueError(f"num_samples={num_samples} contradicts generate_kwargs num_return_sequences/n={n}; pass "
+                         f"only one of them.")
+    return num_samples if num_samples is not None else (n if n > 1 else None)
 
 
 _ENGINE_INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

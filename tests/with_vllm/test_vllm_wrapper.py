@@ -203,6 +203,12 @@ def test_refusals_name_the_setting(engine, monkeypatch):
                                          r"generate_kwargs\['temperature'\]\)=0\.7 is not supported"):
         sampler.get_new_version(generate=False)
     assert sampler.get_new_version(generate=False, temperature=1.0).temperature == 1.0
+    with pytest.raises(TypeError, match=r"^vLLMWrapper: unexpected keyword arguments \['chunk_size'\]; the wrapper "
+                                        r"settings besides the named ones are \['batching', "):
+        vLLMWrapper(engine, chunk_size=64)
+    with pytest.raises(ValueError, match=r"^num_samples=3 contradicts generate_kwargs num_return_sequences/n=2; "):
+        vLLMWrapper(engine, num_samples=3, generate_kwargs={"n": 2})
+    assert vLLMWrapper(engine, generate_kwargs={"n": 2, "temperature": 1.0}).num_samples == 2
     with pytest.raises(ValueError, match=r"^pad_model_input=True is not supported by vLLMWrapper"):
         vLLMWrapper(engine, generate=False, pad_model_input=True)
     with pytest.raises(ValueError, match=r"^vLLMWrapper: engine_kwargs \['dtype'\] only apply when the wrapper "):
