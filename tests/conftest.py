@@ -71,3 +71,12 @@ def real_model():
     from lit_llm.models import load_model
 
     return load_model()
+
+
+def pytest_runtest_setup(item):
+    """A test marked ``vllm`` fails (never skips) where vLLM cannot be imported: ``make test-vllm`` must not pass
+    without running them. ``make test`` / ``make test-slow`` deselect them (``-m "not vllm"``)."""
+    if item.get_closest_marker("vllm") is not None:
+        from lit_llm.policy.vllm_engine import require_vllm
+
+        require_vllm(f"{item.nodeid} (marked vllm)")

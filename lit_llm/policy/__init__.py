@@ -1,5 +1,5 @@
 """Policy layer: LLM wrappers (generate and log-prob versions), the token log-prob kernel, generation settings,
-the threaded batcher."""
+the threaded batcher; ``vLLMWrapper`` is the same policy on a vLLM engine (optional)."""
 
 from lit_llm.policy.common import LLMWrapperBase
 from lit_llm.policy.generation import GenerationConfig, resolve_generation_config, standardize_generate_kwargs
@@ -13,6 +13,7 @@ from lit_llm.policy.logprobs import (
 )
 from lit_llm.policy.masked_dist import ChunkedLLMMaskedCategorical
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
+from lit_llm.policy.vllm_wrapper import vLLMWrapper  # vLLM itself is imported on first use (make setup-vllm)
 
 __all__ = [
     "ChunkedLLMMaskedCategorical",
@@ -27,4 +28,5 @@ __all__ = [
     "resolve_generation_config",
     "standardize_generate_kwargs",
     "token_hidden_states",
+    "vLLMWrapper",
 ]

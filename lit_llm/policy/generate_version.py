@@ -13,7 +13,7 @@ from tensordict import NestedKey, TensorDictBase
 from torch import Tensor
 
 from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens
-from lit_llm.policy.generation import generate_tokens
+from lit_llm.policy.generation import GenerationOutput, generate_tokens
 from lit_llm.policy.inputs import check_id_dtype, history_rows
 from lit_llm.policy.logprobs import base_causal_lm
 from lit_llm.policy.rows import read_rows, read_strings
@@ -97,8 +97,7 @@ class GenerateVersionMixin:
 
         dev = self.device
         prompts = [p.to(dev) for p in prompts]  # each prompt once: its n samples share its prefill
-        gen = generate_tokens(base_causal_lm(self.model), prompts, self.generation_config, device=dev, seeds=seeds,
-                              tokenizer=self.tokenizer, num_samples=n)
+        gen = self._sample(prompts, seeds, n)
         prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
         resp, resp_lp = gen.response_ids, gen.response_log_probs
         full = [torch.cat([p, r]) for p, r in zip(prompts, resp)]
@@ -133,6 +132,13 @@ class GenerateVersionMixin:
         trunc = gen.truncated
         res["truncated"] = trunc if group is None else trunc.reshape(-1, group)
         return res, group
+
+    def _sample(self, prompts: list[Tensor], seeds: list[int] | None, n: int) -> GenerationOutput:
+        """The decoding itself (the backend's half of the generate version): ``n`` samples of each of the ``B``
+        prompts (b-major, ``seeds`` one per sample or ``None``) by :func:`~lit_llm.policy.generation.generate_tokens`.
+        """
+        return generate_tokens(base_causal_lm(self.model), prompts, self.generation_config, device=self.device,
+                               seeds=seeds, tokenizer=self.tokenizer, num_samples=n)
 
     def _histories(self, prompts: list, resp: list[Tensor], truncated: list[bool]) -> dict[str, list]:
         from lit_llm.data.history import History

@@ -39,9 +39,7 @@ class LogProbVersionMixin:
         full, asst, prompt_lens = self._full_inputs(td)
         if prompt_lens is None and asst is not None and self.input_mode == "history":
             prompt_lens = _last_assistant_starts(asst)
-        ids, attn = self._padded_full(full)
-        lp = model_token_log_probs(self.model, ids, attn, temperature=self.temperature, chunk_size=self.chunk_size)
-        lp_rows = [row[m] for row, m in zip(lp.unbind(0), attn.unbind(0))]
+        lp_rows = self._full_log_probs(full)
         full = [f.to(self.device) for f in full]
         pad = self.generation_config.pad_token_id
         tok = {"full": full, "prompt": None, "response": None}
@@ -77,6 +75,13 @@ class LogProbVersionMixin:
                 res[self.history_key] = self._container(
                     ChatHistory, _split_histories(history_rows(hist, self.input_key, type(self).__name__)))
         return res, None
+
+    def _full_log_probs(self, full: list[Tensor]) -> list[Tensor]:
+        """The scoring itself (the backend's half of the log-prob version): per row, ``log_probs.full`` of the ids
+        ``full[b]`` (``[T_b]`` fp32, 0.0 at position 0), by :func:`~lit_llm.policy.logprobs.model_token_log_probs`."""
+        ids, attn = self._padded_full(full)
+        lp = model_token_log_probs(self.model, ids, attn, temperature=self.temperature, chunk_size=self.chunk_size)
+        return [row[m] for row, m in zip(lp.unbind(0), attn.unbind(0))]
 
     # ---------------------------------------------------------------------------------------------- distributions
     def _dist_hidden_states(self, layout: DistLayout) -> tuple[Tensor, Tensor, Tensor | None]:
