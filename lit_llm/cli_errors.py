@@ -379,10 +379,28 @@ def _find_option(text: str, config: Mapping[str, Any] | None) -> tuple[str, Any]
     return found[0] if found else None
 
 
+def _notes(exc: BaseException, root: BaseException) -> list[str]:
+    """The ``__notes__`` of ``root`` and of the errors from ``exc`` down to it (``__cause__`` chain), root's first,
+    each once, stripped, those already in ``root``'s text left out."""
+    chain = [exc]
+    while chain[-1] is not root and chain[-1].__cause__ is not None and len(chain) < 50:
+        chain.append(chain[-1].__cause__)
+    text = str(root)
+    notes: list[str] = []
+    for e in reversed(chain):
+        for note in getattr(e, "__notes__", None) or ():
+            note = str(note).strip()
+            if note and note not in notes and note not in text:
+                notes.append(note)
+    return notes
+
+
 def explain_config_error(exc: BaseException, config: Mapping[str, Any] | None = None) -> str:
     """The message for an error raised while the run is built (classes instantiated): the root cause's own text
     first, then a line naming the option it concerns (looked up by name in ``config``: the subcommand's parsed
-    config) and :data:`DEBUG_ENV` for the traceback."""
+    config) and :data:`DEBUG_ENV` for the traceback. The exceptions' ``__notes__`` (PEP 678: an environment's error
+    names its episode and sample in one, :meth:`lit_llm.rollouts.episodes.EpisodeEngine.run_episodes`) end the first
+    line, joined with ``"; "`` (the root cause's first, then those of the errors wrapping it; each once)."""
     root = root_cause(exc)
     text = str(root).strip() or type(root).__name__
     if "--" in text.splitlines()[0]:  # the message names its options itself
@@ -390,4 +408,8 @@ def explain_config_error(exc: BaseException, config: Mapping[str, Any] | None = 
     else:
         found = _find_option(text, config)
         where = f"set by {found[0]} {_show(found[1])}; " if found else f"{type(root).__name__}; "
+    notes = _notes(exc, root)  # after the option look-up: a note quotes a prompt's text, not an option
+    if notes:
+        first, *rest = text.splitlines()
+        text = "\n".join([f"{first}; {'; '.join(notes)}", *rest])
     return f"{text}\n  ({where}{DEBUG_ENV}=1 shows the traceback)"

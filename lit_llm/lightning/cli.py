@@ -366,13 +366,18 @@ class LitLLMCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """Resolve ``trainer.precision`` (``auto``) in the parsed config, so that the Trainer and the saved
         ``config.yaml`` both get the concrete value, and say what was chosen; route LightningCLI's top-level
-        ``--optimizer`` / ``--lr_scheduler`` into the module (:func:`route_optimizer_options`)."""
+        ``--optimizer`` / ``--lr_scheduler`` into the module (:func:`route_optimizer_options`); refuse a
+        ``--trainer.default_root_dir`` under a regular file (:func:`~lit_llm.lightning.export.check_writable_folder`),
+        before anything is built or written."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         with self._config_errors():
             route_optimizer_options(config)
         trainer_cfg = config.get("trainer")
         if trainer_cfg is None:
             return
+        from lit_llm.lightning.export import check_writable_folder
+        with self._config_errors():
+            check_writable_folder(trainer_cfg.get("default_root_dir") or ".", "--trainer.default_root_dir")
         precision, line = explain_precision(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"))
         trainer_cfg["precision"] = precision
         rank_zero_only(print)(line, flush=True)

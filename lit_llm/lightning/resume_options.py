@@ -87,6 +87,10 @@ RESUME_OPTIONS: dict[str, tuple[Literal["applied", "refused"], str]] = {
     "dynamic_sampling": (APPLIED, "which zero-signal groups are resampled (their loss is zero either way)"),
     "max_sampling_rounds": (APPLIED, "the cap of dynamic sampling's resampling rounds"),
     "tool_timeout": (APPLIED, "a time limit on tool calls"),
+    "reward_timeout": (APPLIED, "a runtime safety limit on reward-function calls (a row that hits it scores None, "
+                                "counted); nothing of it is checkpointed"),
+    "env_timeout": (APPLIED, "a runtime safety limit on an environment's reset / step (a step that hits it ends its "
+                             "episode, a reset is an error); nothing of it is checkpointed"),
     "old_log_probs": (APPLIED, f"the ratio's denominator, rollout vs recomputed: {_SAME_NUMBERS}"),
     "micro_batch_size": (APPLIED, f"rows per forward/backward: {_SAME_NUMBERS} (the step's normaliser is global)"),
     "share_prompts": (APPLIED, f"prompt sharing in the forward pass: {_SAME_NUMBERS}"),

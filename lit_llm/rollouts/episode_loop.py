@@ -54,6 +54,10 @@ Generate = Callable[[Tensor, "int | None"], tuple[Tensor, Tensor, bool]]
 class _ResetTimeout(RolloutError):
     """``env.reset`` did not return within ``env_timeout`` (the environment is then not closed)."""
 
+    #: its message names the row itself (:func:`_row_note`): the engine adds no episode note
+    #: (:meth:`lit_llm.rollouts.episodes.EpisodeEngine.run_episodes`), which the CLI would append to the line.
+    names_its_row = True
+
 
 def _env_name(env: Any) -> str:
     return type(env).__name__

@@ -334,7 +334,8 @@ class EpisodeEngine(RolloutEngine):
             results = [one(i) for i in range(n)]
         if errors:
             i, err = errors[0]
-            err.add_note(_episode_note(i, n, rows[i], num_generations or self.num_generations))
+            if not getattr(err, "names_its_row", False):  # a reset timeout names its row in its message
+                err.add_note(_episode_note(i, n, rows[i], num_generations or self.num_generations))
             raise err
         return results  # type: ignore[return-value]
 

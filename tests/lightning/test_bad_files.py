@@ -119,3 +119,14 @@ def test_cli_model_folder_without_config_json_is_one_line(tmp_path):
                      "Face model folder (it holds: README.md). Fix: point `model` at a folder written by "
                      "save_pretrained or lit-llm export (config.json, weights, tokenizer files), or at the embedded "
                      "default 'smollm2-135m-instruct'.", f"  (set by --model.init_args.model mymodel; {HINT}"]
+
+
+@pytest.mark.slow
+def test_cli_default_root_dir_under_a_file_is_one_line(tmp_path):
+    (tmp_path / "notes.md").write_text("my notes")
+    lines = run_fit(["--trainer.default_root_dir", "notes.md/run"], tmp_path)
+    run, notes = str(tmp_path / "notes.md" / "run"), str(tmp_path / "notes.md")
+    assert lines == [f"lit-llm: error: --trainer.default_root_dir {run!r} is under {notes!r}, which is a file, not a "
+                     "folder; choose a folder path (or move the file).", f"  ({HINT}"]
+    assert (tmp_path / "notes.md").read_text() == "my notes"  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md"]

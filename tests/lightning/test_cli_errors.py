@@ -273,3 +273,22 @@ def test_allowed_values_and_near():
     assert near("asynch", ["sync", "async"], n=1) == ["async"]
     assert near("ADAMW", ["AdamW", "SGD"]) == ["AdamW"]
     assert near("zzz", ["sync", "async"]) == []
+
+
+def test_config_error_keeps_the_exceptions_notes():
+    """An environment's error names its episode and sample in a PEP 678 note (EpisodeEngine.run_episodes): the
+    one-line message ends with the notes, the root cause's first, each once; a wrapper's text is dropped."""
+    from lit_llm.cli_errors import explain_config_error
+
+    root = RuntimeError("MathEnv.reset took longer than env_timeout 0.5 s")
+    root.add_note("in episode 2 of 4 (prompt 1, generation 0, sample_id 'b')")
+    root.add_note("in episode 2 of 4 (prompt 1, generation 0, sample_id 'b')")  # the same note twice: once
+    wrapper = ValueError("Problem with given class_path 'lit_llm.lightning.GRPOModule'")
+    wrapper.add_note("while running fit")
+    wrapper.__cause__ = root
+    assert explain_config_error(wrapper) == (
+        "MathEnv.reset took longer than env_timeout 0.5 s; in episode 2 of 4 (prompt 1, generation 0, sample_id 'b'); "
+        "while running fit\n  (RuntimeError; LIT_LLM_DEBUG=1 shows the traceback)")
+    plain = ValueError("bad.jsonl:2: not a JSON object.")
+    assert explain_config_error(plain) == ("bad.jsonl:2: not a JSON object.\n"
+                                           "  (ValueError; LIT_LLM_DEBUG=1 shows the traceback)")
