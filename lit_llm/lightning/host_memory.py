@@ -12,10 +12,11 @@ releases, after the first optimizer step the process held 7.1 GB resident of whi
 ``malloc_trim(0)`` after a step (glibc >= 2.8 also releases free pages in the middle of every arena, not only at the
 heap top) took the process from 5.9 to 2.2 GB in ~0.3 s.
 
-:func:`trim_host_memory` is called by :class:`~lit_llm.lightning.module.PolicyModule` on the CPU after optimizer steps
-and after GRPO rollouts (at most every 30 s per call site: :meth:`~lit_llm.lightning.module.PolicyModule.
-release_host_memory`) and after every validation loop. Elsewhere than glibc (macOS, Windows, musl) it does nothing
-and returns ``False``.
+:func:`trim_host_memory` is called by :class:`~lit_llm.lightning.module.PolicyModule` on the CPU after every
+validation loop, and after optimizer steps and GRPO rollouts when the resident set has grown by
+:attr:`~lit_llm.lightning.module.PolicyModule.host_memory_release_growth` since that call site's last release
+(:meth:`~lit_llm.lightning.module.PolicyModule.release_host_memory`). Elsewhere than glibc (macOS, Windows, musl) it
+does nothing and returns ``False``.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
         self.register_buffer("trained_tokens", torch.zeros((), dtype=torch.float64))
         self.register_buffer("skipped_steps", torch.zeros((), dtype=torch.long))
         self._step_start: float | None = None
-        self._last_trim: dict[str, float] = {}  # perf_counter of the last host-memory release, per call site
+        self._trimmed_at: dict[str, int] = {}  # resident bytes just before the last host-memory release, per call site
 
     @classmethod
     def options_of(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -279,30 +279,34 @@ class PolicyModule(CheckpointHooks, LightningModule):
         """Give the evaluation's freed host memory back (:meth:`release_host_memory`, always)."""
         self.release_host_memory(force=True, site="validation")
 
-    #: Least time between two host-memory releases at one call site (seconds): bounds their cost (the release plus
-    #: faulting the pages in again, ~0.3-0.6 s per ~4 GB) to a few percent of the wall time on short steps.
-    host_memory_release_interval: float = 30.0
+    #: Least growth of the resident set since a call site's last host-memory release (a fraction of the resident
+    #: bytes measured just before it) for that site to release again. A release costs ~0.4 s per ~4 GB freed and the
+    #: pages it frees are faulted in (zeroed) again by the next allocations: on a run whose memory is steady (the
+    #: single-turn demo, SFT) the next step reuses them, and releasing after every step cost ~850k extra page faults
+    #: and ~2.5 s of system time per SmolLM2 GRPO step (issue 31, benchmarks/README.md); a run whose free-but-held
+    #: memory grows (rollouts in many threads' arenas) keeps releasing whenever it has grown this much.
+    host_memory_release_growth: float = 0.10
 
     def release_host_memory(self, *, force: bool = False, site: str = "step") -> dict[str, float]:
         """On the CPU, return glibc's free heap pages to the operating system
         (:func:`~lit_llm.lightning.host_memory.trim_host_memory`: without it a run's resident memory grows with the
         arenas' free blocks: a 14.5 GiB peak for the calculator agent config, 8.3 GiB with the releases) when due:
-        always with ``force``, else when the last release at this call site ``site`` is at least
-        :attr:`host_memory_release_interval` seconds old (each site has its own clock, so on long steps every site
-        releases every step). Then read the figures
-        logged each step: ``memory/host_rss_gib`` (this process's resident set, GiB) and
-        ``memory/host_peak_rss_gib`` (its peak so far, ``getrusage`` ``ru_maxrss``, GiB).
+        always with ``force`` and at a call site's first call, else when this process's resident set is at least
+        ``1 + host_memory_release_growth`` times what it was just before the last release at this call site ``site``
+        (each site has its own mark: a steady run stops releasing after its first steps, a growing one releases as it
+        grows). Then read the figures logged each step: ``memory/host_rss_gib`` (this process's resident set, GiB)
+        and ``memory/host_peak_rss_gib`` (its peak so far, ``getrusage`` ``ru_maxrss``, GiB).
 
         Call sites: ``"step"`` after every optimizer step (:meth:`on_train_batch_end`), ``"rollout"`` after
         :class:`~lit_llm.lightning.grpo.GRPOModule` takes each rollout (before the loss: the rollout's tensors were
         freed in the generation threads' arenas, which the loss's allocations cannot reuse), ``"validation"``
         (forced) after every validation loop. Returns ``{}`` without procfs; on a GPU nothing is released (the
         activations are not in host memory) and the figures are still returned."""
-        now = time.perf_counter()
-        last = self._last_trim.get(site)
-        if self.device.type == "cpu" and (force or last is None or now - last >= self.host_memory_release_interval):
-            trim_host_memory()
-            self._last_trim[site] = now
+        if self.device.type == "cpu":
+            rss, mark = host_rss_bytes(), self._trimmed_at.get(site)
+            if force or mark is None or rss is None or rss >= mark * (1 + self.host_memory_release_growth):
+                trim_host_memory()
+                self._trimmed_at[site] = rss or 0
         rss, peak = host_rss_bytes(), host_peak_rss_bytes()
         if rss is None or peak is None:
             return {}

@@ -63,10 +63,12 @@ def test_rss_figures_are_plausible():
 ROWS = [{"prompt": f"Say {w}.", "completion": f"{w} {w} {w}"} for w in ("yes", "no", "blue", "red", "one", "two")]
 
 
-@pytest.mark.parametrize("interval", [0.0, 1e9])
-def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, tokenizer, monkeypatch, interval):
-    # interval 0: after every step; a long interval: after the first step only (then each validation, always)
+@pytest.mark.parametrize("growth", [0.0, 1e9])
+def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, tokenizer, monkeypatch, growth):
+    # a steady resident set; growth 0: after every step; a large growth: after the first step only (then each
+    # validation, always)
     calls: list[str] = []
+    monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: 2**30)
 
     def fake_trim() -> bool:
         calls.append("trim")
@@ -77,7 +79,7 @@ def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, to
     path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     torch.manual_seed(0)
     module = SFTModule("tiny", optimizer=partial(torch.optim.SGD, lr=0.1))
-    module.host_memory_release_interval = interval
+    module.host_memory_release_growth = growth
     dm = SFTDataModule(str(path), batch_size=2, micro_batch_size=2, val_fraction=0.34)
     dm.tokenizer = tokenizer
 
@@ -98,12 +100,34 @@ def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, to
                       accelerator="cpu", devices=1)
     trainer.fit(module, dm)
     assert count.steps == 3 and count.validations >= 1
-    assert len(calls) == (count.steps if interval == 0 else 1) + count.validations
+    assert len(calls) == (count.steps if growth == 0 else 1) + count.validations
     rows = list(csv.DictReader(open(tmp_path / "csv" / "version_0" / "metrics.csv")))
     logged = [r for r in rows if r.get("memory/host_rss_gib")]
     if host_rss_bytes() is not None:
         assert len(logged) == 3
         assert all(0 < float(r["memory/host_rss_gib"]) <= float(r["memory/host_peak_rss_gib"]) for r in logged)
+
+
+def test_release_follows_the_growth_of_the_resident_set(monkeypatch):
+    # each site releases at its first call, then only once the resident set is >= 1.1x its size just before that
+    # site's last release: 5.0 (release, mark 5.0), 5.3 (< 5.5), 6.0 (>= 5.5: release, mark 6.0), 5.9, 6.5 (< 6.6),
+    # 6.7 (release); the rollout site keeps its own mark; force always releases
+    calls: list[str] = []
+    rss = {"gib": 0.0}
+    monkeypatch.setattr(module_mod, "trim_host_memory", lambda: calls.append(f"trim {rss['gib']}") or True)
+    monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: int(rss["gib"] * 2**30))
+    module = SFTModule("tiny")
+    for gib in (5.0, 5.3, 6.0, 5.9, 6.5, 6.7):
+        rss["gib"] = gib
+        figures = module.release_host_memory()
+        assert figures["memory/host_rss_gib"] == pytest.approx(gib)
+    assert calls == ["trim 5.0", "trim 6.0", "trim 6.7"]
+    calls.clear()
+    module.release_host_memory(site="rollout")  # first call at that site
+    module.release_host_memory(site="rollout")  # 6.7 < 1.1 x 6.7
+    module.release_host_memory(force=True, site="validation")
+    module.release_host_memory(force=True, site="validation")
+    assert calls == ["trim 6.7"] * 3
 
 
 def test_release_is_skipped_off_the_cpu(monkeypatch):
@@ -117,10 +141,11 @@ def test_release_is_skipped_off_the_cpu(monkeypatch):
         assert set(figures) == {"memory/host_rss_gib", "memory/host_peak_rss_gib"}
 
 
-@pytest.mark.parametrize("interval", [0.0, 1e9])
-def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch, interval):
-    # interval 0: a release after taking each rollout (before any micro-batch loss) and after each step; a long
-    # interval: each call site (rollout, step) releases once, on the first step (its own clock)
+@pytest.mark.parametrize("growth", [0.0, 1e9])
+def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch, growth):
+    # a steady resident set; growth 0: a release after taking each rollout (before any micro-batch loss) and after
+    # each step; a large growth: each call site (rollout, step) releases once, on the first step (its own mark)
+    monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: 2**30)
     from lit_llm.lightning.grpo import GRPOModule
     from lit_llm.lightning.grpo_data import GRPODataModule
 
@@ -135,13 +160,13 @@ def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch, interval)
     monkeypatch.setattr(GRPOModule, "micro_batch_loss", loss)
     module = GRPOModule("tiny", reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
                         num_generations=2, max_new_tokens=3, micro_batch_size=4, log_samples_every=0)
-    module.host_memory_release_interval = interval
+    module.host_memory_release_growth = growth
     trainer = Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       limit_val_batches=0)
     trainer.fit(module, GRPODataModule(batch_size=2, num_train=8, num_eval=0))
     # per step: the rollout's release, the loss of its one micro-batch, the step's release
-    if interval == 0:
+    if growth == 0:
         assert events == ["trim", "loss", "trim"] * 2
     else:
         assert events == ["trim", "loss", "trim", "loss"]
