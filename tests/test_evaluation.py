@@ -40,7 +40,7 @@ def test_evaluate_gsm8k_scores_with_final_answer_match(tokenizer, gsm8k_file, mo
 
     model = tiny_model(tokenizer, seed=1)
     real_decode = tokenizer.decode
-    answers = iter(["#### 7", "so 9", "#### 8"])  # prompts are generated longest first: rows 2, 3, 1
+    answers = iter(["#### 8", "#### 7", "so 9"])  # decoded in the rows' order (generated longest first)
 
     def fake_decode(ids, skip_special_tokens=False):
         if skip_special_tokens:

@@ -448,19 +448,19 @@ class GRPODataModule(LightningDataModule):
                                   f"--model.init_args.max_new_tokens.")
 
     def _too_long(self, sample_id: str, length: int, budget: tuple[int | None, Any], option: str) -> bool:
-        """Whether a prompt of ``length`` tokens overflows ``budget = (context, max_new_tokens)`` (the generate
-        version's rule) and is skipped (``on_bad_row="skip"``, counted); with ``"raise"`` a DataFormatError."""
+        """Whether a prompt overflows ``budget = (context, max_new_tokens)`` and is skipped; else DataFormatError."""
         context, new_tokens = budget
         if context is None or not isinstance(new_tokens, int) or length + new_tokens <= context:
             return False
         self.num_skipped_long += self.on_bad_row == "skip"
         if self.on_bad_row == "skip":
             return True
+        flag = "--model.init_args.eval_max_new_tokens" if "eval" in option else "--model.init_args.max_new_tokens"
         drop = f"set --data.max_prompt_length {context - new_tokens} (drops longer prompts, counted), " \
             if context > new_tokens else ""
         raise DataFormatError(f"{sample_id}: the prompt has {length} tokens; with {option}={new_tokens} it exceeds "
                               f"the model's context of {context} tokens. Fix: shorten the row, {drop}lower "
-                              f"--model.init_args.{option}, or set --data.on_bad_row skip.")
+                              f"{flag}, or set --data.on_bad_row skip.")
 
     def _render(self, rows: list[dict[str, Any]], new_tokens_option: str) -> list[dict[str, Any]]:
         if not rows:
