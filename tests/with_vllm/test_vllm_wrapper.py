@@ -83,7 +83,8 @@ def test_history_mode_prompt_is_our_render_and_eos_stays_in_the_response(engine,
     _, tok = hf_tiny
     greedy = vLLMWrapper(engine, generate_kwargs={"max_new_tokens": 8, "do_sample": False})
     out = greedy(history_td(CHATS[:1]))
-    prompt = History.from_chats(CHATS[:1])[0].apply_chat_template(tok, add_generation_prompt=True)["input_ids"]
+    prompt = History.from_chats(CHATS[:1])[0].apply_chat_template(
+        tok, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     assert torch.equal(rows(out, ("tokens", "prompt"))[0], prompt.long())
     assert out["text", "prompt"][0] == tok.decode(prompt.tolist())
     resp = rows(out, ("tokens", "response"))[0]
