@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runs import first_error
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -223,13 +224,6 @@ def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def _first_error(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("lit-llm: error:")]
-    return line
-
-
 CLI_LORA = ["--config", str(ROOT / "configs/sft_tiny.yaml"), "--model.init_args.use_peft", "true",
             "--model.init_args.lora_r", "4", "--trainer.enable_progress_bar", "false", "--trainer.precision", "32-true",
             "--samples.num_samples", "0"]
@@ -252,13 +246,13 @@ def test_cli_resume_refuses_lora_adapters_over_another_base(cli_lora_ckpt, tmp_p
     other = tmp_path / "other-base"
     tiny_model(tokenizer, seed=1, hidden_size=32, num_heads=2).save_pretrained(other)
     tokenizer.save_pretrained(other)
-    line = _first_error(_cli("fit", *CLI_LORA, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
+    line = first_error(_cli("fit", *CLI_LORA, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
                              str(cli_lora_ckpt), "--model.init_args.model", str(other), "--trainer.max_steps", "2",
                              cwd=tmp_path))
     assert line.startswith(f"lit-llm: error: --ckpt_path {cli_lora_ckpt}: model.init_args.model '{other}' differs "
                            f"from the checkpoint's 'tiny'; model is the base weights and tokenizer the checkpoint's "
                            f"weights (or LoRA adapters) were trained on, so the run cannot resume"), line
-    line = _first_error(_cli("fit", *CLI_LORA, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
+    line = first_error(_cli("fit", *CLI_LORA, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
                              str(cli_lora_ckpt), "--model.init_args.lora_r", "8", "--trainer.max_steps", "2",
                              cwd=tmp_path))
     assert line.startswith(f"lit-llm: error: --ckpt_path {cli_lora_ckpt}: model.init_args.lora_r 8 differs from the "
@@ -275,7 +269,7 @@ def test_cli_resume_refuses_a_base_that_changed_under_the_same_name(cli_lora_ckp
     saved["lit_llm_peft"]["base_model"]["config_sha256"] = "0" * 64
     changed = tmp_path / "changed.ckpt"
     torch.save(saved, changed)
-    line = _first_error(_cli("fit", *CLI_LORA, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
+    line = first_error(_cli("fit", *CLI_LORA, "--trainer.default_root_dir", str(tmp_path / "run"), "--ckpt_path",
                              str(changed), "--trainer.max_steps", "2", cwd=tmp_path))
     assert line == (
         f"lit-llm: error: The LoRA checkpoint was trained on base model 'tiny' (config sha256 000000000000), but this "

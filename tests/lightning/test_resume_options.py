@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runs import first_error
 from lightning.pytorch import Trainer
 
 from lit_llm.lightning.cli import main
@@ -175,13 +176,6 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def _first_error(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("lit-llm: error:")]
-    return line
-
-
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory) -> Path:
     """``lit-llm fit --config configs/sft_tiny.yaml`` for 2 steps (lr 0.003): its folder."""
@@ -218,7 +212,7 @@ def test_resume_refuses_another_loss_head(sft_run, tmp_path, how):
     ckpt = sft_run / "checkpoints" / "last.ckpt"
     root = sft_run if how == "last" else tmp_path
     before = sorted(p.name for p in (sft_run / "checkpoints").iterdir())
-    line = _first_error(_cli("fit", "--config", SFT, "--trainer.default_root_dir", str(root), "--ckpt_path",
+    line = first_error(_cli("fit", "--config", SFT, "--trainer.default_root_dir", str(root), "--ckpt_path",
                              str(ckpt) if how == "file" else "last", "--trainer.max_steps", "3",
                              "--model.init_args.loss", "rlhf", *QUIET, cwd=tmp_path))
     assert line == (
@@ -236,7 +230,7 @@ def test_grpo_resume_refuses_another_num_generations(tmp_path):
     torch.save({"state_dict": {}, "optimizer_states": [{}], "global_step": 3,
                 "hyper_parameters": {"_class_path": "lit_llm.lightning.grpo.GRPOModule", "model": "tiny",
                                      "num_generations": 4, "loss_type": "dapo"}}, ckpt)
-    line = _first_error(_cli("fit", "--config", str(ROOT / "configs/grpo_tiny.yaml"), "--trainer.default_root_dir",
+    line = first_error(_cli("fit", "--config", str(ROOT / "configs/grpo_tiny.yaml"), "--trainer.default_root_dir",
                              str(tmp_path / "run"), "--ckpt_path", str(ckpt), "--model.init_args.num_generations", "2",
                              cwd=tmp_path))
     assert line.startswith(f"lit-llm: error: --ckpt_path {ckpt}: model.init_args.num_generations 2 differs from the "
