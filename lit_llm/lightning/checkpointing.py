@@ -24,7 +24,7 @@ from lit_llm.cli_errors import CLIConfigError
 from lit_llm.lightning.rng_state import gather_rng_states, restore_rng_states
 from lit_llm.models import base_model_identity
 
-__all__ = ["CheckpointFileError", "CheckpointHooks", "check_checkpoint_file"]
+__all__ = ["CheckpointFileError", "CheckpointHooks", "check_checkpoint_file", "check_not_a_plain_folder"]
 
 
 class CheckpointHooks:
