@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
@@ -32,9 +33,33 @@ class StepCheckpoint(ModelCheckpoint):
     Lightning's own class writes ``last.ckpt`` at the end of training only if it never wrote one, so a run stopped by
     ``max_steps`` between two ``every_n_train_steps`` saves would leave ``last.ckpt`` some steps behind and
     ``--ckpt_path last`` would redo them. When an evaluation is due at a save step, the save waits for it (Lightning
-    saves the checkpoint before the evaluation otherwise, and a run resumed from it skips that evaluation). Same
-    arguments as :class:`~lightning.pytorch.callbacks.ModelCheckpoint`.
+    saves the checkpoint before the evaluation otherwise, and a run resumed from it skips that evaluation). The
+    ``{step}`` / ``{epoch}`` of a file name are the trainer's optimizer steps done and epoch of the step just done
+    (:meth:`_monitor_candidates`), so ``step=N`` holds ``global_step`` N. Same arguments as
+    :class:`~lightning.pytorch.callbacks.ModelCheckpoint`.
     """
+
+    _train_ended = False
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._train_ended = False
+        super().on_train_start(trainer, pl_module)
+
+    def _monitor_candidates(self, trainer: Trainer) -> dict[str, torch.Tensor]:
+        """Lightning's candidates (the logged metrics) with ``step`` = ``trainer.global_step`` and, during training,
+        ``epoch`` = ``trainer.current_epoch``.
+
+        Lightning takes them from the logged ``"step"`` / ``"epoch"``, which the policy modules log in their
+        ``on_train_batch_end``: Lightning calls that after the callbacks' hook, where the every-N-steps save (and
+        :class:`~lit_llm.lightning.graceful_stop.GracefulStop`'s) happen, so the names were one step behind and a
+        save after an evaluation then shared its name with the next step's (overwritten). At ``on_train_end`` the
+        logged epoch is kept: the fit loop has already counted the last epoch as done there (``current_epoch`` is
+        one more than the last step's)."""
+        candidates = super()._monitor_candidates(trainer)
+        candidates["step"] = torch.tensor(trainer.global_step)
+        if not self._train_ended:
+            candidates["epoch"] = torch.tensor(trainer.current_epoch)
+        return candidates
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -47,6 +72,7 @@ class StepCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._train_ended = True
         if self.save_last and self._last_global_step_saved != trainer.global_step:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         super().on_train_end(trainer, pl_module)

@@ -24,7 +24,7 @@ from lit_llm.cli_errors import CLIConfigError
 from lit_llm.lightning.rng_state import gather_rng_states, restore_rng_states
 from lit_llm.models import base_model_identity
 
-__all__ = ["CheckpointFileError", "CheckpointHooks", "check_checkpoint_file"]
+__all__ = ["CheckpointFileError", "CheckpointHooks", "check_checkpoint_file", "check_not_a_plain_folder"]
 
 
 class CheckpointHooks:
@@ -280,8 +280,9 @@ def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type |
     file has none) and the checkpoint's top-level keys with ``torch.load(mmap=True)`` (no tensor data is read).
 
     Args:
-        path: the ``--ckpt_path`` file. A folder is returned as ``{}`` unchecked (sharded checkpoints of FSDP /
-            DeepSpeed are folders that Lightning's strategies read).
+        path: the ``--ckpt_path`` file. A sharded FSDP / model-parallel / DeepSpeed checkpoint folder (Lightning's
+            own heuristics: a ``meta.pt`` file, a ``checkpoint/`` sub-folder) is returned as ``{}`` unchecked: the
+            strategies read it; any other folder is refused (:func:`check_not_a_plain_folder`).
         expected_module: the run's module (a class or its class path, e.g. ``model.class_path``); a checkpoint
             written by another module class is refused. Checkpoints without a recorded class (written outside
             ``lit-llm fit``) are refused when their hyperparameters are not options of ``expected_module`` (or of one
@@ -294,13 +295,15 @@ def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type |
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CheckpointFileError: an empty file, a truncated one, a file that is not a torch checkpoint (a safetensors
-            file is named as such), a torch file that is not a Lightning checkpoint (no ``state_dict``), a
-            weights-only checkpoint with ``resumable``, another module's checkpoint. The message is one line:
+        CheckpointFileError: a folder that is not a sharded checkpoint (the ``.ckpt`` in it named), an empty file,
+            a truncated one, a file that is not a torch checkpoint (a safetensors file is named as such), a torch
+            file that is not a Lightning checkpoint (no ``state_dict``), a weights-only checkpoint with
+            ``resumable``, another module's checkpoint. The message is one line:
             ``"<option> <path>: <what is wrong>. <the fix>"``.
     """
     p = Path(path).expanduser()
     if p.is_dir():
+        check_not_a_plain_folder(p, option, str(path))
         return {}
     if not p.exists():
         raise FileNotFoundError(f"{option} {path}: no such file; give a .ckpt written by lit-llm fit (e.g. "
@@ -350,6 +353,33 @@ def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type |
             f"(checkpoint.save_weights_only false, the default), or start a new run from these weights: lit-llm "
             f"export --ckpt_path {path} --out DIR, then fit with --model.init_args.model DIR.")
     return hparams
+
+
+def check_not_a_plain_folder(folder: Path, option: str = "--ckpt_path", shown: str | None = None) -> None:
+    """Refuse a folder given where a checkpoint file belongs, unless it is a sharded checkpoint that Lightning's
+    strategies read (FSDP / ``ModelParallelStrategy``: a ``meta.pt`` file; DeepSpeed: a ``checkpoint/`` sub-folder).
+
+    Raises:
+        CheckpointFileError: one line naming the folder (as ``shown``, default ``folder``) and, when it (or its
+            ``checkpoints/`` sub-folder, a run folder's) holds ``last.ckpt`` or other ``.ckpt`` files, the file to
+            give instead (``last.ckpt`` first, else the newest).
+    """
+    from lightning.fabric.strategies.deepspeed import _is_deepspeed_checkpoint
+    from lightning.fabric.strategies.fsdp import _is_sharded_checkpoint
+
+    if _is_sharded_checkpoint(folder) or _is_deepspeed_checkpoint(folder):
+        return
+    shown = str(folder) if shown is None else shown
+    for where in (folder, folder / "checkpoints"):
+        found = sorted(where.glob("*.ckpt"), key=lambda f: (f.name != "last.ckpt", -f.stat().st_mtime)) \
+            if where.is_dir() else []
+        if found:
+            rel = os.path.join(shown, os.path.relpath(found[0], folder))
+            raise CheckpointFileError(f"{option} {shown}: a folder, not a checkpoint file; give the file, e.g. "
+                                      f"{option} {rel}.")
+    raise CheckpointFileError(f"{option} {shown}: a folder, not a checkpoint file (nor a sharded FSDP / DeepSpeed "
+                              f"checkpoint folder), and it holds no .ckpt file; give a .ckpt written by lit-llm fit "
+                              f"(<run dir>/checkpoints/last.ckpt) or {option} last.")
 
 
 def _check_module(path: Any, hparams: dict[str, Any], expected_module: str | type, option: str) -> None:

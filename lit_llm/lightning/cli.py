@@ -16,10 +16,10 @@ Added to LightningCLI's own arguments:
   Checkpoints are full (resumable) unless ``checkpoint.save_weights_only: true``; ``fit --ckpt_path`` on a
   weights-only one is an error naming that option (:func:`check_resumable`).
 * ``--ckpt_path FILE`` / ``--ckpt_path last`` (:meth:`LitLLMCLI._parse_ckpt_path`): the file is checked before
-  Lightning reads it (one line for an empty, truncated or non-checkpoint file, or another module's checkpoint); the
-  module options given (config or command line) win over the checkpoint's, applied or refused by
-  :data:`lit_llm.lightning.resume_options.RESUME_OPTIONS` (never silently replaced, as LightningCLI's own
-  ``ckpt_path`` handling does); options not given take the checkpoint's values.
+  Lightning reads it (one line for an empty, truncated or non-checkpoint file, a folder that is not a sharded
+  checkpoint, or another module's checkpoint); the module options given (config or command line) win over the
+  checkpoint's, applied or refused by :data:`lit_llm.lightning.resume_options.RESUME_OPTIONS` (never silently
+  replaced, as LightningCLI's own ``ckpt_path`` handling does); options not given take the checkpoint's values.
 * ``--samples.*``: :class:`~lit_llm.lightning.callbacks.ValidationSamples` (generated answers after validation).
 * ``--trainer.precision auto`` (the default; :mod:`lit_llm.lightning.precision`): resolved before the Trainer is
   built to ``bf16-mixed`` where bf16 matmuls are native (CUDA with bf16, CPUs with AVX512-BF16 or AMX) and to

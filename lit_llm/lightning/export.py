@@ -166,6 +166,8 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
 
     Raises:
         FileNotFoundError: ``ckpt_path`` does not exist.
+        CheckpointFileError: ``ckpt_path`` is a folder (named, with the ``.ckpt`` in it to give instead) or a bad
+            file (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file`).
         FileExistsError: ``out`` holds a previous export (or is an empty folder) and ``overwrite`` is False.
         NotADirectoryError: ``out`` is, or is under, a regular file.
         ValueError: ``out`` is, contains or sits in the checkpoint folder of the checkpoint's run folder; ``out``
@@ -212,11 +214,16 @@ def _move_into_place(tmp: Path, target: Path) -> None:
 
 
 def _check_checkpoint_file(ckpt: Path, who: str, option: str) -> None:
+    from lit_llm.lightning.checkpointing import CheckpointFileError, check_checkpoint_file, check_not_a_plain_folder
+
+    if ckpt.is_dir():  # one line naming the folder (and the .ckpt in it), not "not found"
+        check_not_a_plain_folder(ckpt, option)
+        raise CheckpointFileError(f"{option} {ckpt}: a sharded checkpoint folder; {who} reads one .ckpt file: "
+                                  f"consolidate it first (python -m lightning.pytorch.utilities.consolidate_checkpoint "
+                                  f"{ckpt} for FSDP, DeepSpeed's zero_to_fp32.py).")
     if not ckpt.is_file():
         raise FileNotFoundError(f"{who}: checkpoint {str(ckpt)!r} not found; pass {option} "
                                 f"<run dir>/checkpoints/last.ckpt (or another .ckpt written by lit-llm fit).")
-    from lit_llm.lightning.checkpointing import check_checkpoint_file  # one line for a bad file (issue 30)
-
     check_checkpoint_file(ckpt, "lit_llm.lightning.module.PolicyModule", option=option)
 
 

@@ -10,7 +10,9 @@ training:
    rank together; the signal number is reduced with ``max``), every :class:`~lightning.pytorch.callbacks.
    ModelCheckpoint` with ``save_last`` writes ``last.ckpt`` at once (the same save as its every-N-steps one, so
    ``--ckpt_path last`` resumes exactly), and ``trainer.should_stop`` ends the fit the way Lightning's early stopping
-   does (Lightning then runs a validation when one is configured; the checkpoint is already on disk);
+   does, without the validation Lightning runs after a stop request when none was due at that step
+   (``trainer.limit_val_batches`` is 0 for the rest of the fit and restored at its end); an evaluation due at that
+   step still runs (after the checkpoint), as in an uninterrupted run;
 3. ``lit-llm fit`` then exits with status **143** after ``SIGTERM`` and **130** after ``SIGINT`` (``128 + signal``, what
    a shell reports for a process killed by that signal; :func:`stop_exit_code`), never 0;
 4. a **second** signal exits at once: the process kills itself with that signal (default action; checkpoints are
@@ -42,6 +44,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_llm.lightning.callbacks import validation_follows
+
 __all__ = ["STOP_SIGNALS", "GracefulStop", "stop_exit_code"]
 
 #: The signals that stop a fit gracefully.
@@ -68,6 +72,7 @@ class GracefulStop(Callback):
         self._received: int | None = None
         self._previous: dict[int, Any] = {}
         self._trainer: Trainer | None = None
+        self._limit_val_batches: int | float | None = None
 
     # ------------------------------------------------------------------------------------------------ handlers
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -82,10 +87,17 @@ class GracefulStop(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._restore()
+        self._restore_validation(trainer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore()  # after an exception (on_train_end did not run)
+        self._restore_validation(trainer)
         self._trainer = None
+
+    def _restore_validation(self, trainer: Trainer) -> None:
+        """Give ``trainer.limit_val_batches`` back (a later ``trainer.validate()`` reads it)."""
+        if self._limit_val_batches is not None:
+            trainer.limit_val_batches, self._limit_val_batches = self._limit_val_batches, None
 
     def _restore(self) -> None:
         for signum, previous in self._previous.items():
@@ -112,19 +124,22 @@ class GracefulStop(Callback):
     # ------------------------------------------------------------------------------------------------ safe points
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self._stop_if_asked(trainer)
+        due = validation_follows(trainer)  # before should_stop, which Lightning answers with a validation
+        if self._stop_if_asked(trainer) and not due:
+            self._limit_val_batches, trainer.limit_val_batches = trainer.limit_val_batches, 0
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self._trainer is trainer:
             self._stop_if_asked(trainer)
 
-    def _stop_if_asked(self, trainer: Trainer) -> None:
-        """At a safe point, on every rank: stop when any rank received a signal (one collective)."""
+    def _stop_if_asked(self, trainer: Trainer) -> bool:
+        """At a safe point, on every rank: stop when any rank received a signal (one collective). Returns whether
+        it stopped the fit here."""
         if self.signal is not None:
-            return
+            return False
         local = self._received or (signal.SIGTERM if trainer.received_sigterm else 0)
         if not trainer.strategy.reduce_boolean_decision(bool(local), all=False):
-            return
+            return False
         signum = int(local)
         if trainer.world_size > 1:
             signum = int(trainer.strategy.reduce(torch.tensor(signum, device=trainer.strategy.root_device),
@@ -139,6 +154,7 @@ class GracefulStop(Callback):
         where = f"{', '.join(saved)} written (resume with --ckpt_path last)" if saved else "no checkpoint callback"
         rank_zero_info(f"lit-llm: {signal.Signals(signum).name}: training stopped after step {trainer.global_step}; "
                        f"{where}; exit status {128 + signum}.")
+        return True
 
 
 def stop_exit_code(trainer: Trainer | None) -> int | None:

@@ -65,3 +65,21 @@ def test_resumed_run_keeps_the_evaluation_of_the_checkpoint_step(tmp_path):
     _fit(tmp_path, second, max_steps=4, val_every=2, ckpt_path=str(tmp_path / "ckpt" / "2.ckpt"))
     # The step-2 evaluation is in the first run's record (before its save); the resumed run goes on to step 4.
     assert [e for e in second.events if e[0] == "eval"] == [("eval", 4)]
+
+
+def test_every_step_checkpoints_are_named_after_the_step_and_epoch_they_hold(tmp_path):
+    """``every_n_train_steps=1``, ``save_top_k=-1``, Lightning's default name ``epoch={epoch}-step={step}``: one file
+    per step, each holding the ``global_step`` and epoch of its name (2 batches an epoch: steps 3-4 are epoch 1; the
+    evaluation at step 2 is not shared with step 3's save)."""
+    torch.manual_seed(0)
+    ckpt = StepCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
+    trainer = Trainer(max_steps=4, logger=False, callbacks=[ckpt], enable_progress_bar=False,
+                      enable_model_summary=False, accelerator="cpu", devices=1, precision="32-true",
+                      val_check_interval=2, check_val_every_n_epoch=None, num_sanity_val_steps=0,
+                      default_root_dir=tmp_path)
+    trainer.fit(SFTModule("tiny"), SFTDataModule(format="arithmetic", num_samples=8, eval_limit=2, batch_size=4,
+                                                 max_length=48))
+    names = sorted(p.name for p in tmp_path.glob("*.ckpt"))
+    assert names == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt", "epoch=1-step=3.ckpt", "epoch=1-step=4.ckpt"]
+    held = [torch.load(tmp_path / n, map_location="cpu", weights_only=False) for n in names]
+    assert [(c["epoch"], c["global_step"]) for c in held] == [(0, 1), (0, 2), (1, 3), (1, 4)]

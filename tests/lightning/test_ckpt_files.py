@@ -124,7 +124,49 @@ def test_missing_file_and_folder(tmp_path):
         check_checkpoint_file(tmp_path / "nope.ckpt")
     assert str(e.value) == (f"--ckpt_path {tmp_path / 'nope.ckpt'}: no such file; give a .ckpt written by lit-llm fit "
                             f"(e.g. <run dir>/checkpoints/last.ckpt) or --ckpt_path last.")
-    assert check_checkpoint_file(tmp_path) == {}  # sharded (FSDP / DeepSpeed) checkpoints are folders: Lightning's
+
+
+def test_a_folder_names_the_ckpt_file_in_it(tmp_path):
+    """A folder is one line naming it and the file to give: its ``last.ckpt`` (before newer files), else its newest
+    ``.ckpt``, or a run folder's ``checkpoints/last.ckpt``; a folder without any is told so."""
+    ckpts, run, empty = tmp_path / "checkpoints", tmp_path / "run", tmp_path / "empty"
+    for folder in (ckpts, run / "checkpoints", empty):
+        folder.mkdir(parents=True)
+    _ckpt(ckpts / "last.ckpt")
+    _ckpt(ckpts / "epoch=0-step=5.ckpt")
+    _ckpt(run / "checkpoints" / "epoch=0-step=5.ckpt")
+    os.utime(run / "checkpoints" / "epoch=0-step=5.ckpt", (1, 1))
+    _ckpt(run / "checkpoints" / "epoch=0-step=10.ckpt")
+    for folder, given in ((ckpts, "checkpoints/last.ckpt"), (run, "run/checkpoints/epoch=0-step=10.ckpt")):
+        for check in (check_checkpoint_file, _export_check):
+            with pytest.raises(CheckpointFileError) as e:
+                check(folder)
+            assert str(e.value) == (f"--ckpt_path {folder}: a folder, not a checkpoint file; give the file, e.g. "
+                                    f"--ckpt_path {tmp_path / given}.")
+    with pytest.raises(CheckpointFileError) as e:
+        check_checkpoint_file(empty, resumable=True)
+    assert str(e.value) == (f"--ckpt_path {empty}: a folder, not a checkpoint file (nor a sharded FSDP / DeepSpeed "
+                            f"checkpoint folder), and it holds no .ckpt file; give a .ckpt written by lit-llm fit "
+                            f"(<run dir>/checkpoints/last.ckpt) or --ckpt_path last.")
+
+
+def test_sharded_checkpoint_folders_pass_to_lightning_but_not_to_export(tmp_path):
+    fsdp, deepspeed = tmp_path / "fsdp.ckpt", tmp_path / "ds.ckpt"
+    (deepspeed / "checkpoint").mkdir(parents=True)
+    fsdp.mkdir()
+    (fsdp / "meta.pt").write_bytes(b"")  # Lightning's marks: FSDP's meta.pt, DeepSpeed's checkpoint/ folder
+    assert check_checkpoint_file(fsdp) == {} and check_checkpoint_file(deepspeed) == {}
+    with pytest.raises(CheckpointFileError) as e:
+        _export_check(fsdp)
+    assert str(e.value) == (f"--ckpt_path {fsdp}: a sharded checkpoint folder; lit-llm export reads one .ckpt file: "
+                            f"consolidate it first (python -m lightning.pytorch.utilities.consolidate_checkpoint "
+                            f"{fsdp} for FSDP, DeepSpeed's zero_to_fp32.py).")
+
+
+def _export_check(path: Path) -> None:
+    from lit_llm.lightning.export import _check_checkpoint_file
+
+    _check_checkpoint_file(path, "lit-llm export", "--ckpt_path")
 
 
 # ------------------------------------------------------------------------------------------- from the command line
@@ -142,10 +184,16 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("command", "kind"), [("fit", "empty"), ("validate", "cut"), ("export", "cut")])
+@pytest.mark.parametrize(("command", "kind"), [("fit", "empty"), ("validate", "cut"), ("export", "cut"),
+                                              ("validate", "folder"), ("export", "folder")])
 def test_bad_files_from_the_command_line(tmp_path, command, kind):
     path = tmp_path / f"{kind}.ckpt"
-    if kind == "empty":
+    if kind == "folder":  # a run's checkpoints/ folder given for its last.ckpt
+        path = tmp_path / "checkpoints"
+        path.mkdir()
+        _ckpt(path / "last.ckpt")
+        what = f"a folder, not a checkpoint file; give the file, e.g. --ckpt_path {path / 'last.ckpt'}."
+    elif kind == "empty":
         path.write_bytes(b"")
         what = "the file is empty (0 bytes), e.g. a copy or a save that did not finish"
     else:

@@ -227,3 +227,29 @@ def test_a_sigterm_lightning_received_before_training_started_stops_after_the_fi
         trainer.fit(SignalWhileLoading())
     assert (trainer.global_step, stop.signal) == (1, signal.SIGTERM)
     assert torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 1
+
+
+class _Validations(Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.steps.append(trainer.global_step)
+
+
+@pytest.mark.parametrize(("val_every", "validated_at"), [(5, []), (3, [3])])
+def test_a_stop_runs_no_validation_that_was_not_due(tmp_path, val_every, validated_at):
+    """Signalled at step 3: Lightning answers ``should_stop`` with a validation; GracefulStop skips it unless one was
+    due at step 3 anyway (every 3 steps), and gives ``limit_val_batches`` back; ``last.ckpt`` holds step 3 either
+    way."""
+    validations, stop = _Validations(), GracefulStop()
+    trainer = Trainer(max_steps=20, val_check_interval=val_every, check_val_every_n_epoch=None, limit_val_batches=2,
+                      num_sanity_val_steps=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      default_root_dir=tmp_path,
+                      callbacks=[_SignalAt(signal.SIGTERM, 2), stop, validations,
+                                 ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=100)])
+    trainer.fit(BoringModel())
+    assert (trainer.global_step, stop.signal, validations.steps) == (3, signal.SIGTERM, validated_at)
+    assert torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 3
+    assert trainer.limit_val_batches == 2
