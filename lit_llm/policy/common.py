@@ -68,6 +68,22 @@ class LLMWrapperBase(MaskedDistributionsMixin, BatchingMixin, TensorDictModuleBa
             ``masks`` always; both versions). ``return_log_probs`` likewise for ``log_probs``.
     """
 
+    def _set_template_options(self, chat_template: str | None, chat_template_name: str | None,
+                              tokenizer_kwargs: dict[str, Any] | None) -> None:
+        """Keep the constructor's template options: ``chat_template`` (Jinja text) or ``chat_template_name`` (a
+        registered name, resolved where templates are rendered, :meth:`History.apply_chat_template`, with TorchRL's
+        aliases), and ``tokenizer_kwargs`` (``add_special_tokens=False`` unless given).
+
+        Raises:
+            ValueError: both ``chat_template`` and ``chat_template_name`` given.
+        """
+        if chat_template is not None and chat_template_name is not None:
+            raise ValueError(f"pass chat_template or chat_template_name, not both (got chat_template_name="
+                             f"{chat_template_name!r}).")
+        self.chat_template_name = chat_template_name
+        self.chat_template = chat_template if chat_template_name is None else chat_template_name
+        self.tokenizer_kwargs = {"add_special_tokens": False, **(tokenizer_kwargs or {})}
+
     def _init_common(self, *, model: Any, tokenizer: Any, input_mode: str, input_key: NestedKey | None,
                      generate: bool, pad_output: bool, inplace: bool | Literal["empty"] | None,
                      num_samples: int | None, return_log_probs: bool | None, history_key: NestedKey,

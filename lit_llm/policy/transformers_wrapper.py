@@ -193,13 +193,7 @@ class TransformersWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInpu
         if not isinstance(share_prompts, bool):
             raise ValueError(f"share_prompts must be a bool, got {share_prompts!r}.")
         self.share_prompts = share_prompts
-        if chat_template is not None and chat_template_name is not None:
-            raise ValueError(f"pass chat_template or chat_template_name, not both (got chat_template_name="
-                             f"{chat_template_name!r}).")
-        self.chat_template_name = chat_template_name
-        # a name is resolved where templates are (History.apply_chat_template), with TorchRL's aliases
-        self.chat_template = chat_template if chat_template_name is None else chat_template_name
-        self.tokenizer_kwargs = {"add_special_tokens": False, **(tokenizer_kwargs or {})}
+        self._set_template_options(chat_template, chat_template_name, tokenizer_kwargs)
         self._device = torch.device(device) if device is not None else None
         self.attention_mask_key = attention_mask_key
         if pad_model_input is not None and generate:

@@ -157,12 +157,7 @@ class vLLMWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInputsMixin,
         if generate:
             num_samples = _samples_per_prompt(num_samples, self.generate_kwargs, self.generation_config)
         self.temperature = _log_prob_temperature(temperature, self.generation_config.temperature, generate)
-        if chat_template is not None and chat_template_name is not None:
-            raise ValueError(f"pass chat_template or chat_template_name, not both (got chat_template_name="
-                             f"{chat_template_name!r}).")
-        self.chat_template_name = chat_template_name
-        self.chat_template = chat_template if chat_template_name is None else chat_template_name
-        self.tokenizer_kwargs = {"add_special_tokens": False, **(tokenizer_kwargs or {})}
+        self._set_template_options(chat_template, chat_template_name, tokenizer_kwargs)
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         self.attention_mask_key = attention_mask_key
         if pad_model_input is not None:
