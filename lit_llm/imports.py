@@ -13,6 +13,7 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -21,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["call_with_timeout", "import_module", "load_file", "load_target", "split_import_path"]
+__all__ = ["call_bounded", "call_with_timeout", "check_timeout", "import_module", "load_file", "load_target",
+           "split_import_path"]
 
 
 def split_import_path(text: str) -> tuple[str, str, bool]:
@@ -173,3 +175,27 @@ def call_with_timeout(fn: Callable[[], Any], timeout: float | None,
     if worker.is_alive():
         return False, None, None
     return True, box.get("value"), box.get("error")
+
+
+def call_bounded(fn: Callable[[], Any], timeout: float | None, name: str) -> tuple[bool, Any]:
+    """``(finished, fn())``: ``fn`` called directly when ``timeout`` is ``None``, else through
+    :func:`call_with_timeout` (``(False, None)`` once ``timeout`` seconds have passed; the call is abandoned and keeps
+    running). What ``fn`` raised is re-raised in the caller's thread."""
+    if timeout is None:
+        return True, fn()
+    finished, out, error = call_with_timeout(fn, timeout, name)
+    if error is not None:
+        raise error
+    return finished, out
+
+
+def check_timeout(name: str, value: Any, error: type[Exception] = ValueError) -> None:
+    """``value`` is a number of seconds ``> 0`` or ``None`` (no limit).
+
+    Raises:
+        error: ``"<name> must be a number of seconds > 0, or null for no limit, got <value>."``
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise error(f"{name} must be a number of seconds > 0, or null for no limit, got {value!r}.")

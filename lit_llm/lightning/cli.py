@@ -14,7 +14,8 @@ Added to LightningCLI's own arguments:
   ``last.ckpt`` holds the final step) that is always on (``save_last``),
   writing to ``<trainer.default_root_dir>/checkpoints`` so that ``--ckpt_path last`` finds it from any later run.
   Checkpoints are full (resumable) unless ``checkpoint.save_weights_only: true``; ``fit --ckpt_path`` on a
-  weights-only one is an error naming that option (:func:`check_resumable`).
+  weights-only one is an error naming that option
+  (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file` with ``resumable``).
 * ``--ckpt_path FILE`` / ``--ckpt_path last`` (:meth:`LitLLMCLI._parse_ckpt_path`): the file is checked before
   Lightning reads it (one line for an empty, truncated or non-checkpoint file, a folder that is not a sharded
   checkpoint, or another module's checkpoint); the module options given (config or command line) win over the
@@ -75,7 +76,7 @@ from lit_llm.lightning.progress import StepProgressBar
 from lit_llm.lightning.resume_options import check_resume_options
 
 __all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "USER_ERRORS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
-           "check_resumable", "checkpoint_dir", "default_loggers", "last_checkpoint", "main", "route_optimizer_options",
+           "checkpoint_dir", "default_loggers", "last_checkpoint", "main", "route_optimizer_options",
            "run_console"]
 
 # Manual optimisation is deliberate (see lit_llm.lightning.module); a step-N checkpoint holds the weights after N steps.
@@ -166,18 +167,6 @@ def route_optimizer_options(config: Any) -> None:
                 f"or remove {key} from the config's model section.")
         init[key] = top
         config[key] = None
-
-
-def check_resumable(ckpt_path: str | os.PathLike) -> None:
-    """Whether ``fit --ckpt_path`` can resume from ``ckpt_path``
-    (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file` with ``resumable``): a weights-only checkpoint
-    (``checkpoint.save_weights_only: true``) has no optimizer state to resume from.
-
-    Raises:
-        CheckpointFileError: the checkpoint has no ``optimizer_states`` (the message names ``--ckpt_path`` and
-            ``checkpoint.save_weights_only`` and says how to start from the weights instead), or is no checkpoint.
-    """
-    check_checkpoint_file(ckpt_path, resumable=True)
 
 
 def last_checkpoint(dirpath: str | os.PathLike) -> str | None:

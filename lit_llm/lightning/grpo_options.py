@@ -191,4 +191,3 @@ def build_objective(objective: str | None, *, loss_type: str | None, with_enviro
     if loss_type == "cispo" and (advice := Cispo.advice(knobs.get("epsilon_high"))):
         rank_zero_warn(f"GRPOModule: {advice}")
     return cls(loss_type=loss_type, **knobs)
-    return cls(loss_type=loss_type, **knobs)

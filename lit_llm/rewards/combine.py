@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_llm.imports import call_with_timeout
+from lit_llm.imports import call_bounded, check_timeout
 from lit_llm.rewards.base import RewardError, RewardFn, TrainerState, required_columns
 from lit_llm.rewards.specs import resolve_reward
 
@@ -90,10 +90,7 @@ class RewardFunctions:
             raise RewardError(f"reward_weights must be finite numbers, got {list(weights)}.")
         self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float32)
         self.allow_all_none = allow_all_none
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                    or not math.isfinite(timeout) or timeout <= 0):
-            raise RewardError(f"reward_timeout must be a number of seconds > 0, or null for no limit, got "
-                              f"{timeout!r}.")
+        check_timeout("reward_timeout", timeout, RewardError)
         self.timeout = None if timeout is None else float(timeout)
         self._timeouts = dict.fromkeys(self.names, 0)
         self._timeouts_lock = threading.Lock()
@@ -188,10 +185,7 @@ class RewardFunctions:
         if self.timeout is None:
             return True, fn(**kwargs)
         wait = self.timeout if deadline is None else max(deadline - time.monotonic(), 0.0)
-        finished, out, error = call_with_timeout(lambda: fn(**kwargs), wait, f"lit_llm-reward-{name}")
-        if error is not None:
-            raise error
-        return finished, out
+        return call_bounded(lambda: fn(**kwargs), wait, f"lit_llm-reward-{name}")
 
     def _count_timeout(self, name: str, n: int, prompts: list) -> None:
         with self._timeouts_lock:

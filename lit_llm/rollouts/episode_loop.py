@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_llm.imports import call_bounded
 from lit_llm.policy.sampling import splitmix64
-from lit_llm.rollouts.envs.timeout import call_with_timeout
 from lit_llm.rollouts.episode_renderer import EpisodeRenderer
 from lit_llm.rollouts.settings import DEFAULT_ENV_TIMEOUT, DEFAULT_MAX_TURNS, RolloutError
 from lit_llm.rollouts.trajectory import Segment, Trajectory
@@ -81,25 +81,6 @@ def _check_messages(messages: Any, env: Any, what: str, roles: Sequence[str]) ->
         raise RolloutError(f"environment {_env_name(env)}.{what} must return a list of messages "
                            f"{{'role': one of {list(roles)}, 'content': str}}, got {messages!r:.200}.")
     return [dict(m) for m in messages]
-
-
-class _TimedOut:
-    """What :func:`_env_call` returns for a call that did not return within its timeout."""
-
-
-TIMED_OUT = _TimedOut()
-
-
-def _env_call(fn: Callable[[], Any], timeout: float | None, name: str) -> Any:
-    """``fn()`` (an environment's ``reset`` / ``step``), or :data:`TIMED_OUT` when it has not returned within
-    ``timeout`` seconds (``None``: no limit; it then keeps running on an abandoned daemon thread, its result
-    dropped). What ``fn`` raised is re-raised in the episode's thread."""
-    if timeout is None:
-        return fn()
-    finished, out, error = call_with_timeout(fn, timeout, name)
-    if error is not None:
-        raise error
-    return out if finished else TIMED_OUT
 
 
 def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, generate: Generate,
@@ -197,14 +178,14 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
                 break
             t1 = time.perf_counter()
             try:
-                step = _env_call(functools.partial(env.step, [dict(m) for m in traj.messages]), env_timeout,
-                                 "lit_llm-env-step")
+                finished, step = call_bounded(functools.partial(env.step, [dict(m) for m in traj.messages]),
+                                              env_timeout, "lit_llm-env-step")
             except Exception as e:
                 raise RolloutError(f"environment {name}.step raised {type(e).__name__}: {e} (environments report "
                                    f"tool and model-output errors as messages; an exception is a bug of the "
                                    f"environment)") from e
             traj.env_time += time.perf_counter() - t1
-            if step is TIMED_OUT:
+            if not finished:
                 timed_out = True
                 end("env_timeout")
                 warnings.warn(f"environment {name}.step did not return within env_timeout={env_timeout} s after turn "
@@ -245,10 +226,10 @@ def _first_render(env: Any, row: Mapping[str, Any], renderer: EpisodeRenderer, m
     """``env.reset(row)`` rendered: the trajectory of an episode before its first turn."""
     name = _env_name(env)
     try:
-        initial = _env_call(lambda: env.reset(row), env_timeout, "lit_llm-env-reset")
+        finished, initial = call_bounded(lambda: env.reset(row), env_timeout, "lit_llm-env-reset")
     except Exception as e:
         raise RolloutError(f"environment {name}.reset raised {type(e).__name__}: {e}") from e
-    if initial is TIMED_OUT:
+    if not finished:
         raise _ResetTimeout(f"environment {name}.reset did not return within env_timeout={env_timeout} s on "
                             f"{_row_note(row)} (it keeps running on an abandoned thread). Fix the environment, or "
                             f"raise --model.init_args.env_timeout (null: no limit).")

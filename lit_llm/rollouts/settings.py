@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from lit_llm.imports import check_timeout as timeout_rule
 from lit_llm.objectives.advantages import check_advantage_settings
 from lit_llm.policy.generation_config import validate_generate_kwargs
 
@@ -61,15 +62,8 @@ def check_count(name: str, value: Any, low: int, *, optional: bool = False) -> N
 
 
 def check_timeout(name: str, value: Any) -> None:
-    """``value`` is a number of seconds ``> 0`` or ``None`` (no limit).
-
-    Raises:
-        RolloutError: ``"<name> must be a number of seconds > 0, or null for no limit, got <value>."``
-    """
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise RolloutError(f"{name} must be a number of seconds > 0, or null for no limit, got {value!r}.")
+    """:func:`lit_llm.imports.check_timeout` raising :class:`RolloutError`."""
+    timeout_rule(name, value, RolloutError)
 
 
 def _check_number(name: str, value: Any, *, minimum: float, optional: bool = True) -> None:
