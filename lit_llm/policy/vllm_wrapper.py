@@ -193,31 +193,32 @@ class vLLMWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInputsMixin,
         load_weights(self.model, weights)
 
     # ---------------------------------------------------------------------------------------------- generate
-    def _sampling_params(self, seed: int | None) -> Any:
-        """The ``SamplingParams`` of one ``n = 1`` request (see the class docstring for the mapping)."""
-        vllm = require_vllm()
+    def _sampling_kwargs(self) -> dict[str, Any]:
+        """``SamplingParams`` keywords of one ``n = 1`` request, seed aside (see the class docstring for the
+        mapping)."""
         c = self.generation_config
         kw: dict[str, Any] = dict(n=1, max_tokens=c.max_new_tokens, temperature=c.temperature if c.do_sample else 0.0,
                                   logprobs=0 if self.return_log_probs else None, ignore_eos=True,
                                   stop_token_ids=list(c.eos_token_ids), min_tokens=c.min_new_tokens,
-                                  detokenize=bool(c.stop_sequences), seed=seed)
+                                  detokenize=bool(c.stop_sequences))
         if c.do_sample:
             kw.update(top_k=c.top_k or 0, top_p=1.0 if c.top_p is None else c.top_p, min_p=c.min_p or 0.0)
         if c.repetition_penalty is not None:
             kw["repetition_penalty"] = c.repetition_penalty
         if c.stop_sequences:
             kw["stop"] = list(c.stop_sequences)
-        return vllm.SamplingParams(**kw)
+        return kw
 
     def _sample(self, prompts: list[Tensor], seeds: list[int] | None, n: int) -> GenerationOutput:
         """``n`` samples of each prompt (b-major), one ``n = 1`` request each, in one ``LLM.generate`` call."""
         vllm = require_vllm()
         check_token_ids(self._engine_model, prompts, extra=self.generation_config.max_new_tokens,
                         max_context=self._engine_model.max_model_len, what=f"{type(self).__name__}: prompt")
-        rows = [p.tolist() for p in prompts for _ in range(n)]
-        params = [self._sampling_params(None if seeds is None else seeds[i]) for i in range(len(rows))]
-        outs = self.model.generate([vllm.inputs.TokensPrompt(prompt_token_ids=r) for r in rows], params,
-                                   use_tqdm=False)
+        requests = [vllm.inputs.TokensPrompt(prompt_token_ids=p.tolist()) for p in prompts]
+        kw = self._sampling_kwargs()
+        params = (vllm.SamplingParams(**kw) if seeds is None
+                  else [vllm.SamplingParams(**kw, seed=s) for s in seeds])  # b-major, one per sample
+        outs = self.model.generate([r for r in requests for _ in range(n)], params, use_tqdm=False)
         dev = self.device
         ids, lps, truncated = [], [], []
         for out in outs:
