@@ -80,7 +80,9 @@ from lit_llm.lightning.grpo_options import (
     RewardSpec,
     build_objective,
     build_rewards,
+    build_vllm,
     check_old_log_probs,
+    check_prompt_columns,
     episode_settings,
     owner_errors,
 )
@@ -91,7 +93,7 @@ from lit_llm.models import DEFAULT_MODEL, DType
 from lit_llm.objectives.correction import RolloutCorrection
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rollouts import EpisodeEngine, RolloutBatch, RolloutEngine
-from lit_llm.rollouts.engine import RESERVED_KEYS, mix_seed
+from lit_llm.rollouts.engine import mix_seed
 from lit_llm.rollouts.settings import DEFAULT_ENV_TIMEOUT, RolloutSettings, check_count
 
 __all__ = ["DEFAULT_REWARDS", "EnvironmentConfig", "GRPOModule", "check_environment_task", "check_old_log_probs",
@@ -213,6 +215,13 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             epoch's prompts faster.
         max_sampling_rounds: dynamic sampling: rollouts per step at most, the step's own included (>= 1; >= 2 with
             ``dynamic_sampling``, or no extra batch is ever drawn).
+        use_vllm: sample rollouts, episodes and greedy evaluations with a vLLM engine colocated in this process
+            (``make setup-vllm``; :mod:`lit_llm.rollouts.vllm_colocate`), built at ``setup`` in the trainer's
+            precision, the trained weights pushed into it after every optimizer step (LoRA merged); the loss still
+            scores with the trained model. One device only; ``top_p`` / ``top_k`` need ``old_log_probs: recompute``.
+        vllm_mode, vllm_gpu_memory_utilization, vllm_max_model_length, vllm_tensor_parallel_size,
+        vllm_enable_sleep_mode, vllm_enforce_eager, vllm_kv_cache_gib: the engine's options
+            (:class:`~lit_llm.rollouts.vllm_colocate.VLLMSettings`; TRL's names, the last two ours).
 
     Raises:
         ValueError: invalid settings (named in the message), e.g. an episode option without ``environment`` or
@@ -252,7 +261,11 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  max_turns: int | None = None, max_tool_calling_iterations: int | None = None,
                  max_episode_tokens: int | None = None, tool_timeout: float | None = None,
                  env_reward_weight: float = 1.0, dynamic_sampling: bool = False, max_sampling_rounds: int = 3,
-                 reward_timeout: float | None = 60.0, env_timeout: float | None = DEFAULT_ENV_TIMEOUT) -> None:
+                 reward_timeout: float | None = 60.0, env_timeout: float | None = DEFAULT_ENV_TIMEOUT,
+                 use_vllm: bool = False, vllm_mode: Literal["colocate"] = "colocate",
+                 vllm_gpu_memory_utilization: float = 0.3, vllm_max_model_length: int | None = None,
+                 vllm_tensor_parallel_size: int = 1, vllm_enable_sleep_mode: bool = False,
+                 vllm_enforce_eager: bool = True, vllm_kv_cache_gib: float | None = None) -> None:
         super().__init__(**PolicyModule.options_of(locals()))
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.environment, self.env_factory = environment_factory(environment)
@@ -272,6 +285,11 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                 max_tool_calling_iterations=max_tool_calling_iterations, max_episode_tokens=max_episode_tokens,
                 tool_timeout=tool_timeout, env_reward_weight=env_reward_weight)
             check_old_log_probs(old_log_probs, rollout_correction, rollout_mode)
+            self.vllm = build_vllm(
+                use_vllm, model, self.rollout_settings, old_log_probs, mode=vllm_mode,
+                gpu_memory_utilization=vllm_gpu_memory_utilization, max_model_length=vllm_max_model_length,
+                tensor_parallel_size=vllm_tensor_parallel_size, enable_sleep_mode=vllm_enable_sleep_mode,
+                enforce_eager=vllm_enforce_eager, kv_cache_gib=vllm_kv_cache_gib)
             self.objective = build_objective(
                 objective, loss_type=loss_type, with_environment=self.env_factory is not None, epsilon=epsilon,
                 epsilon_high=epsilon_high, beta=beta, mask_truncated_completions=mask_truncated_completions,
@@ -318,7 +336,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             engine = EpisodeEngine(policy, tokenizer=self.tokenizer, reward_fn=self.rewards, settings=settings,
                                    episode=self.episode_settings)
         return PolicyVersionSwitch(policy, engine=engine, log_prob_kwargs={"share_prompts": self.share_prompts},
-                                   reference_model=self.reference_model() if self.beta > 0 else None)
+                                   reference_model=self.reference_model() if self.beta > 0 else None, vllm=self.vllm)
 
     @property
     def engine(self) -> RolloutEngine:
@@ -359,40 +377,10 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         self.check_reward_columns(datamodule, stage)
 
     def check_reward_columns(self, datamodule: Any, stage: str) -> None:
-        """Check, before the first rollout, that the prompts hold every column the reward functions need
-        (``reward_funcs`` against the training prompts when fitting, ``eval_reward_funcs`` against the held-out
-        prompts when they exist), and with an ``environment`` every column its ``reset`` needs (its
-        ``required_columns``, :meth:`~lit_llm.rollouts.EpisodeEngine.check_columns`; the reward functions then also
-        get the engine's ``tools`` column). The columns are ``datamodule.columns`` when it has them, else the keys of
-        its first ``train_rows`` / ``eval_rows`` row other than ``prompt``, ``prompt_ids`` and ``sample_id``.
-        Nothing to check without a data module (dataloaders passed to ``fit``).
-
-        Raises:
-            lit_llm.rewards.RewardError: naming the function, the missing column and the prompts' columns.
-            lit_llm.rollouts.RolloutError: naming the environment, the missing column and the prompts' columns.
-        """
-        if datamodule is None:
-            return
-        declared = getattr(datamodule, "columns", None)
-        checks = [(self.rewards, "train_rows", "the training prompts")] if stage == "fit" else []
-        if stage in ("fit", "validate"):
-            checks.append((self.eval_rewards, "eval_rows", "the evaluation prompts"))
-        for rewards, attr, source in checks:
-            rows = getattr(datamodule, attr, None)
-            if rows is not None and len(rows) == 0:
-                continue  # no such prompts: nothing will be scored
-            if declared is not None:
-                columns = list(declared)
-            elif rows:
-                columns = [k for k in rows[0] if k not in RESERVED_KEYS]
-            else:
-                continue
-            source = f"{source} of {type(datamodule).__name__}"
-            if self.env_factory is not None:
-                self.engine.check_columns(columns, source=source)
-                columns = [*columns, "tools"]
-            if rewards is not None:
-                rewards.check_columns(columns, source=source)
+        """:func:`~lit_llm.lightning.grpo_options.check_prompt_columns` of this module's reward functions and
+        environment (before the first rollout)."""
+        check_prompt_columns(datamodule, stage, rewards=self.rewards, eval_rewards=self.eval_rewards,
+                             engine=self.engine if self.env_factory is not None else None)
 
     # ------------------------------------------------------------------------------------------------- rollouts
     def wrap_train_loader(self, loader: Any) -> Any:

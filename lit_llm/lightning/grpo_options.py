@@ -1,8 +1,9 @@
 """The components :class:`~lit_llm.lightning.grpo.GRPOModule` is wired from, each built from its flat options (TRL's
 names, the YAML / CLI surface) and validated once: the rollout and episode settings
 (:class:`~lit_llm.rollouts.settings.RolloutSettings`, :class:`~lit_llm.rollouts.settings.EpisodeSettings`), the
-reward functions (:func:`build_rewards`), the GRPO objective (:func:`build_objective`: a built-in ``loss_type``, or a
-user's objective class by import path) and the old-log-prob source (:func:`check_old_log_probs`).
+reward functions (:func:`build_rewards`) and the columns they read (:func:`check_prompt_columns`), the GRPO objective
+(:func:`build_objective`: a built-in ``loss_type``, or a user's objective class by import path), the old-log-prob
+source (:func:`check_old_log_probs`) and the colocated vLLM engine (:func:`build_vllm`).
 
 Every error names the module's option: :func:`owner_errors` prefixes ``"GRPOModule: "`` to the components' own
 messages (the CLI's hint looks the option up by name).
@@ -23,10 +24,12 @@ from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS
 from lit_llm.objectives.grpo import GRPOObjective
 from lit_llm.objectives.loss_types import Cispo
 from lit_llm.rewards import RewardError, RewardFunctions
-from lit_llm.rollouts.settings import DEFAULT_ENV_TIMEOUT, EpisodeSettings, check_timeout
+from lit_llm.rollouts.engine import RESERVED_KEYS
+from lit_llm.rollouts.settings import DEFAULT_ENV_TIMEOUT, EpisodeSettings, RolloutSettings, check_timeout
+from lit_llm.rollouts.vllm_colocate import VLLMRollouts, VLLMSettings, check_vllm_sampling
 
-__all__ = ["DEFAULT_REWARDS", "build_objective", "build_rewards", "check_old_log_probs", "episode_settings",
-           "owner_errors"]
+__all__ = ["DEFAULT_REWARDS", "build_objective", "build_rewards", "build_vllm", "check_old_log_probs",
+           "check_prompt_columns", "episode_settings", "owner_errors"]
 
 #: Shaped arithmetic reward (the base model rarely answers with just the number: format + answer).
 DEFAULT_REWARDS = ("lit_llm.rewards:strict_arithmetic_reward", "lit_llm.rewards:arithmetic_answer_reward",
@@ -191,3 +194,75 @@ def build_objective(objective: str | None, *, loss_type: str | None, with_enviro
     if loss_type == "cispo" and (advice := Cispo.advice(knobs.get("epsilon_high"))):
         rank_zero_warn(f"GRPOModule: {advice}")
     return cls(loss_type=loss_type, **knobs)
+
+
+def check_prompt_columns(datamodule: Any, stage: str, *, rewards: RewardFunctions | None,
+                         eval_rewards: RewardFunctions | None, engine: Any = None) -> None:
+    """Check, before the first rollout, that the prompts hold every column the reward functions need
+    (``reward_funcs`` against the training prompts when fitting, ``eval_reward_funcs`` against the held-out
+    prompts when they exist), and with an ``environment`` every column its ``reset`` needs (its
+    ``required_columns``, :meth:`~lit_llm.rollouts.EpisodeEngine.check_columns`; the reward functions then also
+    get the engine's ``tools`` column). The columns are ``datamodule.columns`` when it has them, else the keys of
+    its first ``train_rows`` / ``eval_rows`` row other than ``prompt``, ``prompt_ids`` and ``sample_id``.
+    Nothing to check without a data module (dataloaders passed to ``fit``).
+
+    Args:
+        datamodule: the trainer's data module (or ``None``).
+        stage: Lightning's stage (``"fit"``, ``"validate"``, ...).
+        rewards, eval_rewards: the training / evaluation reward functions (``None``: none).
+        engine: with an environment, the :class:`~lit_llm.rollouts.EpisodeEngine` (``None``: single-turn).
+
+    Raises:
+        lit_llm.rewards.RewardError: naming the function, the missing column and the prompts' columns.
+        lit_llm.rollouts.RolloutError: naming the environment, the missing column and the prompts' columns.
+    """
+    if datamodule is None:
+        return
+    declared = getattr(datamodule, "columns", None)
+    checks = [(rewards, "train_rows", "the training prompts")] if stage == "fit" else []
+    if stage in ("fit", "validate"):
+        checks.append((eval_rewards, "eval_rows", "the evaluation prompts"))
+    for functions, attr, source in checks:
+        rows = getattr(datamodule, attr, None)
+        if rows is not None and len(rows) == 0:
+            continue  # no such prompts: nothing will be scored
+        if declared is not None:
+            columns = list(declared)
+        elif rows:
+            columns = [k for k in rows[0] if k not in RESERVED_KEYS]
+        else:
+            continue
+        source = f"{source} of {type(datamodule).__name__}"
+        if engine is not None:
+            engine.check_columns(columns, source=source)
+            columns = [*columns, "tools"]
+        if functions is not None:
+            functions.check_columns(columns, source=source)
+
+
+def build_vllm(use_vllm: bool, model: str, settings: RolloutSettings, old_log_probs: str,
+               **options: Any) -> VLLMRollouts | None:
+    """The colocated vLLM engine of ``use_vllm`` (built at ``setup``), or ``None``.
+
+    Args:
+        use_vllm: the option; ``False`` returns ``None`` (``vllm_*`` options other than their defaults warn: unused).
+        model: the trained model's name or folder (the engine loads the same).
+        settings: the rollout settings (``top_p`` / ``top_k``, ``seed``).
+        old_log_probs: ``rollout`` or ``recompute``.
+        **options: :class:`~lit_llm.rollouts.vllm_colocate.VLLMSettings` fields (the ``vllm_*`` options without the
+            prefix).
+
+    Raises:
+        lit_llm.rollouts.RolloutError: an option out of range; ``top_p`` / ``top_k`` without ``old_log_probs:
+            recompute`` (:func:`~lit_llm.rollouts.vllm_colocate.check_vllm_sampling`).
+    """
+    vllm_settings = VLLMSettings(**options)
+    if not use_vllm:
+        changed = [f"vllm_{f.name}" for f in dataclasses.fields(VLLMSettings)
+                   if getattr(vllm_settings, f.name) != f.default]
+        if changed:
+            rank_zero_warn(f"GRPOModule: {', '.join(changed)} set but use_vllm is false: unused (rollouts sample from "
+                           f"the trained model). Set --model.init_args.use_vllm true to use them.")
+        return None
+    check_vllm_sampling(settings, old_log_probs)
+    return VLLMRollouts(model, vllm_settings, seed=settings.seed)

@@ -17,7 +17,13 @@ drop it. It is the only place where:
 * the KL reference is scored (``beta`` / ``kl_coef > 0``): a frozen copy, or with LoRA the trained model with its
   adapters disabled (:attr:`PolicyVersionSwitch.reference_version`);
 * greedy answers are generated (evaluation, :class:`~lit_llm.lightning.callbacks.ValidationSamples`): through
-  ``get_new_version(greedy settings)`` of the generate version.
+  ``get_new_version(greedy settings)`` of the sampler (:attr:`PolicyVersionSwitch.sampler`);
+* with a colocated vLLM engine (GRPO's ``use_vllm``, :class:`~lit_llm.rollouts.vllm_colocate.VLLMRollouts`): the
+  engine is built at ``setup`` and the rollout engine, the greedy evaluation and the asynchronous producer sample from
+  its :class:`~lit_llm.policy.vLLMWrapper` (the log-prob version stays the trained model's); the trained weights are
+  pushed into it at ``fit`` start (after a checkpoint is restored), before any generation whose weights changed
+  since the last push (sync: after every optimizer step, at the next rollout; ``validate``: after the restore) and,
+  async, every ``sync_every`` steps between two of the producer's rollouts.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from lit_llm.rewards import TrainerState
 from lit_llm.rollouts import AsyncRollouts, RolloutBatch, RolloutEngine, policy_responses
 from lit_llm.rollouts.dynamic_sampling import SamplingCap, informative_groups, select_groups
 from lit_llm.rollouts.settings import RolloutSettings
+from lit_llm.rollouts.vllm_colocate import VLLMRollouts
 
 __all__ = ["PolicyVersionSwitch", "StatefulAsyncRollouts"]
 
@@ -68,10 +75,13 @@ class PolicyVersionSwitch(Callback):
         reference_model: a frozen reference model (KL term); its log-prob version is :attr:`reference_version`. With
             LoRA, the trained ``PeftModel`` itself: the reference version is then the log-prob version with its
             adapters disabled (``get_new_version(disable_adapter=True)``: the base model, no second copy).
+        vllm: a colocated vLLM engine to sample with (:class:`~lit_llm.rollouts.vllm_colocate.VLLMRollouts`; built
+            at :meth:`setup`, which then swaps ``engine`` for a twin over its generate version); ``None``: the trained
+            model samples.
 
     Attributes:
-        generate_version, log_prob_version, reference_version (or ``None``), engine, async_rollouts (or ``None``).
-        num_rollouts, num_greedy_calls, num_dropped, num_syncs: counters.
+        generate_version, log_prob_version, reference_version (or ``None``), engine, async_rollouts (or ``None``),
+        vllm (or ``None``). num_rollouts, num_greedy_calls, num_dropped, num_syncs: counters.
 
     Raises:
         ValueError: ``generate_version`` is not a generate version.
@@ -79,7 +89,7 @@ class PolicyVersionSwitch(Callback):
 
     def __init__(self, generate_version: Any, *, engine: RolloutEngine | None = None,
                  log_prob_kwargs: dict[str, Any] | None = None,
-                 reference_model: torch.nn.Module | None = None) -> None:
+                 reference_model: torch.nn.Module | None = None, vllm: VLLMRollouts | None = None) -> None:
         if not getattr(generate_version, "generate", False):
             raise ValueError("PolicyVersionSwitch: generate_version must be a generate version (generate=True).")
         self.generate_version = generate_version
@@ -95,6 +105,8 @@ class PolicyVersionSwitch(Callback):
             self.reference_version = type(self.log_prob_version)(reference_model, **{
                 **self.log_prob_version._settings(), **self.log_prob_version._batching_settings()})
         self.engine = engine
+        self.vllm = vllm
+        self._run = 0  # bumped where the trained weights may have been restored (the engine's push key)
         self.settings = engine.settings if engine is not None else RolloutSettings()
         if engine is not None:  # the reward functions' trainer_state is this callback's view of the trainer
             engine.trainer_state_fn = self.trainer_state
@@ -136,10 +148,18 @@ class PolicyVersionSwitch(Callback):
             return nullcontext()
         return trainer.precision_plugin.forward_context()
 
+    @property
+    def sampler(self) -> Any:
+        """What samples: the rollout engine's policy (the generate version, or with ``vllm`` the engine's
+        :class:`~lit_llm.policy.vLLMWrapper`), else the generate version."""
+        return self.engine.policy if self.engine is not None else self.generate_version
+
     @contextmanager
     def generating(self) -> Iterator[Any]:
         """Switch the trained model to generation (eval mode, no grad, the trainer's precision) and back to its
-        previous mode on exit.
+        previous mode on exit. With ``vllm``: the engine is taken for the block (from an asynchronous producer: after
+        its rollout in flight), woken and given the trained weights if they changed since the last push; it sleeps
+        again on exit (sleep mode).
 
         Yields:
             The generate version.
@@ -147,18 +167,47 @@ class PolicyVersionSwitch(Callback):
         model = self.model
         was_training = model.training
         model.eval()
+        producer = self.async_rollouts if self.vllm is not None else None
         try:
-            with torch.no_grad(), self.precision_context():
-                yield self.generate_version
+            with (producer.generation_turn() if producer is not None else nullcontext()):
+                if self.vllm is not None:
+                    self.vllm.wake_up()
+                    self.push_weights(only_if_changed=True)
+                try:
+                    with torch.no_grad(), self.precision_context():
+                        yield self.generate_version
+                finally:
+                    if self.vllm is not None:
+                        self.vllm.sleep()
         finally:
             model.train(was_training)
 
+    def weights_key(self) -> tuple[int, int]:
+        """What the trained weights are: ``(run, global_step)``; ``run`` counts the fits / validations that may have
+        restored a checkpoint."""
+        trainer = self._trainer
+        return self._run, int(trainer.global_step) if trainer is not None else 0
+
+    def push_weights(self, *, only_if_changed: bool = False) -> None:
+        """Push the trained weights into the vLLM engine (:meth:`VLLMRollouts.push`), from the asynchronous
+        producer's thread-safe point when it runs (:meth:`~lit_llm.rollouts.producer.AsyncRollouts.between_rollouts`,
+        which also marks its engine's version). No-op without ``vllm`` or, with ``only_if_changed``, when the engine
+        already holds these weights."""
+        vllm = self.vllm
+        key = self.weights_key()
+        if vllm is None or (only_if_changed and vllm.pushed_at == key):
+            return
+        if self.async_rollouts is not None:
+            self.async_rollouts.between_rollouts(lambda: vllm.push(self.model, key), key[1])
+        else:
+            vllm.push(self.model, key)
+
     def greedy_version(self, max_new_tokens: int) -> Any:
-        """``generate_version.get_new_version`` with greedy decoding and ``max_new_tokens`` (built once per budget,
+        """:attr:`sampler`'s ``get_new_version`` with greedy decoding and ``max_new_tokens`` (built once per budget,
         batching off)."""
         version = self._greedy.get(max_new_tokens)
         if version is None:
-            version = self.generate_version.get_new_version(
+            version = self.sampler.get_new_version(
                 generate_kwargs={"max_new_tokens": int(max_new_tokens), "do_sample": False}, batching=False)
             self._greedy[max_new_tokens] = version
         return version
@@ -265,7 +314,8 @@ class PolicyVersionSwitch(Callback):
             self.async_rollouts.close()
         self.async_rollouts = StatefulAsyncRollouts.from_engine(
             self.engine, loader, max_staleness=2**62 if distributed else self.max_staleness, version=version,
-            rollout_context=self.precision_context, trainer_state_fn=self.trainer_state)
+            rollout_context=self.precision_context, trainer_state_fn=self.trainer_state,
+            copy_weights=self.vllm is None)
         return self.async_rollouts
 
     def take_rollout(self, batch: Any, step: int) -> tuple[RolloutBatch | None, int, float]:
@@ -293,10 +343,26 @@ class PolicyVersionSwitch(Callback):
     # ------------------------------------------------------------------------------------------------ hooks
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer
+        if self.vllm is not None and self.engine is not None and self.engine.policy is self.generate_version:
+            self.vllm.check_setup(device=trainer.strategy.root_device, world_size=trainer.world_size,
+                                  rollout_mode=self.rollout_mode, trained=self.model)
+            policy = self.vllm.build(precision=trainer.precision, device=trainer.strategy.root_device,
+                                     trained=self.model, tokenizer=self.generate_version.tokenizer,
+                                     generate_kwargs=self.settings.generate_kwargs())
+            self.engine = type(self.engine)(policy, **self.engine.twin_kwargs(), version=self.engine.version)
+            self._greedy.clear()
         if self.engine is not None:
             self.engine.rank = trainer.global_rank  # every rank samples from its own stream
         if self.reference_version is not None:
             self.reference_version.model.to(pl_module.device)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._run += 1  # a checkpoint, if any, is restored by now: the engine starts from these weights
+        self.push_weights()
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.training and trainer.state.fn == "validate":
+            self._run += 1  # `validate --ckpt_path`: restored before this hook; pushed before the first generation
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         total = trainer.max_steps if trainer.max_steps >= 0 else trainer.estimated_stepping_batches
@@ -312,7 +378,10 @@ class PolicyVersionSwitch(Callback):
         if producer is None:
             return
         step = trainer.global_step
-        if step % self.sync_every == 0:  # with LoRA, the adapter weights only (the copy's base is frozen)
+        if step % self.sync_every == 0 and self.vllm is not None:  # pushed between two of the producer's rollouts
+            self.push_weights()
+            self.num_syncs += 1
+        elif step % self.sync_every == 0:  # with LoRA, the adapter weights only (the copy's base is frozen)
             producer.sync_weights(self.model, step, trainable_only=self.is_peft)
             self.num_syncs += 1
         else:

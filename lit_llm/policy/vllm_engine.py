@@ -13,7 +13,8 @@ What an in-process engine changes in the process that builds it (vLLM 0.32, CPU 
   already was;
 * the CPU worker replaces ``torch.set_num_threads`` with a function that only logs a warning, for the whole process
   (the thread count stays what it was);
-* the global torch / numpy / ``random`` seeds are reset to the engine's ``seed``;
+* the global torch / numpy / ``random`` seeds, which vLLM resets to the engine's ``seed``, are put back by
+  :func:`make_engine` (the trainer's RNG streams are unchanged by building an engine);
 * ``kv_cache_gib`` GiB of host memory are reserved for the KV cache (vLLM's own default on CPU is
   ``gpu_memory_utilization`` = 92 % of the machine's memory, which a shared machine does not have).
 """
@@ -21,14 +22,19 @@ What an in-process engine changes in the process that builds it (vLLM 0.32, CPU 
 from __future__ import annotations
 
 import os
+import random
+import threading
+import weakref
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT_KV_CACHE_GIB", "LOGPROBS_MODE", "SETUP_HINT", "EngineModel", "is_vllm_engine", "load_weights",
-           "make_engine", "require_vllm"]
+__all__ = ["DEFAULT_KV_CACHE_GIB", "LOGPROBS_MODE", "SETUP_HINT", "EngineModel", "engine_lock", "is_vllm_engine",
+           "load_weights", "make_engine", "require_vllm", "shared_engine"]
 
 SETUP_HINT = "make setup-vllm"
 #: The KV-cache size :func:`make_engine` reserves by default, in GiB (tiny and 135M models need far less).
@@ -107,6 +113,17 @@ def make_engine(model: str | os.PathLike, *, dtype: str = "float32", seed: int =
     except FileNotFoundError as e:
         raise ValueError(f"vLLM engine: model={str(model)!r} cannot be resolved: {e}") from e
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    with _rng_kept():
+        return vllm.LLM(**_engine_kwargs(path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                                         kv_cache_gib=kv_cache_gib, enforce_eager=enforce_eager,
+                                         gpu_memory_utilization=gpu_memory_utilization,
+                                         enable_prefix_caching=enable_prefix_caching), **engine_kwargs)
+
+
+def _engine_kwargs(path: str, *, dtype: str, seed: int, max_model_len: int | None, kv_cache_gib: float | None,
+                   enforce_eager: bool, gpu_memory_utilization: float | None,
+                   enable_prefix_caching: bool) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments of :func:`make_engine`'s named options."""
     kwargs: dict[str, Any] = dict(model=path, tokenizer=path, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
                                   enable_prefix_caching=enable_prefix_caching, logprobs_mode=LOGPROBS_MODE)
     if max_model_len is not None:
@@ -115,7 +132,67 @@ def make_engine(model: str | os.PathLike, *, dtype: str = "float32", seed: int =
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
     if gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-    return vllm.LLM(**kwargs, **engine_kwargs)
+    return kwargs
+
+
+@contextmanager
+def _rng_kept() -> Iterator[None]:
+    """Put the global torch (CPU and CUDA), numpy and ``random`` RNG states back after the block (vLLM reseeds them
+    all with its ``seed`` while building an engine)."""
+    import numpy as np
+
+    states = (torch.get_rng_state(), np.random.get_state(), random.getstate(),
+              torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+        if states[3] is not None:
+            torch.cuda.set_rng_state_all(states[3])
+
+
+#: Engines built by :func:`shared_engine`, by their settings; kept for the life of the process (deleting an in-process
+#: engine tears down vLLM's process-wide distributed state, which every later engine would need).
+_SHARED: dict[tuple, Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_engine(model: str | os.PathLike, **kwargs: Any) -> Any:
+    """:func:`make_engine`, built once per process for each set of arguments (the same ``vllm.LLM`` is returned for
+    the same resolved model folder and keyword arguments; a second ``fit`` in one process reuses the engine of the
+    first). Engines are never deleted (see :data:`_SHARED`).
+
+    Raises:
+        The errors of :func:`make_engine`.
+    """
+    from lit_llm.models import resolve_model_path
+
+    try:
+        path = resolve_model_path(model)
+    except FileNotFoundError as e:
+        raise ValueError(f"vLLM engine: model={str(model)!r} cannot be resolved: {e}") from e
+    key = (str(path), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = make_engine(path, **kwargs)
+        return _SHARED[key]
+
+
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def engine_lock(llm: Any) -> threading.RLock:
+    """The re-entrant lock every call into ``llm`` holds (``generate`` by :class:`~lit_llm.policy.vLLMWrapper`, the
+    weight push by :func:`load_weights`): a ``vllm.LLM`` is not thread-safe, and the greedy evaluation (trainer
+    thread) may meet the asynchronous producer's rollouts (its thread) on the same engine."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(llm)
+        if lock is None:
+            lock = _LOCKS[llm] = threading.RLock()
+        return lock
 
 
 @dataclass(frozen=True)
@@ -185,8 +262,10 @@ def load_weights(llm: Any, weights: Iterable[tuple[str, Tensor]]) -> None:
                          f"serialised and copied; build the engine with VLLM_ENABLE_V1_MULTIPROCESSING=0 "
                          f"(lit_llm.policy.vllm_engine.make_engine does).")
     tied = bool(getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _with_tied_head(weights, tied)})
-    if llm.reset_prefix_cache() is False:
+    with engine_lock(llm):
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _with_tied_head(weights, tied)})
+        reset = llm.reset_prefix_cache()
+    if reset is False:
         raise RuntimeError("load_weights: the weights were pushed but vLLM did not reset its prefix cache (a request "
                            "was still running); call llm.reset_prefix_cache() once no generate call is in flight.")
 

@@ -35,7 +35,14 @@ from lit_llm.policy.generation_config import SUPPORTED_GENERATE_KWARGS, UNSUPPOR
 from lit_llm.policy.inputs import LogProbInputsMixin
 from lit_llm.policy.logprob_version import LogProbVersionMixin
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
-from lit_llm.policy.vllm_engine import EngineModel, is_vllm_engine, load_weights, make_engine, require_vllm
+from lit_llm.policy.vllm_engine import (
+    EngineModel,
+    engine_lock,
+    is_vllm_engine,
+    load_weights,
+    make_engine,
+    require_vllm,
+)
 
 __all__ = ["NO_VLLM_MAPPING", "SAMPLING_SEED_KEY", "WRAPPER_SETTINGS", "vLLMWrapper"]
 
@@ -218,7 +225,8 @@ class vLLMWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInputsMixin,
         kw = self._sampling_kwargs()
         params = (vllm.SamplingParams(**kw) if seeds is None
                   else [vllm.SamplingParams(**kw, seed=s) for s in seeds])  # b-major, one per sample
-        outs = self.model.generate([r for r in requests for _ in range(n)], params, use_tqdm=False)
+        with engine_lock(self.model):
+            outs = self.model.generate([r for r in requests for _ in range(n)], params, use_tqdm=False)
         dev = self.device
         ids, lps, truncated = [], [], []
         for out in outs:
@@ -243,8 +251,9 @@ class vLLMWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInputsMixin,
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
                                      ignore_eos=True)
         rows = [f.tolist() for f in full]
-        outs = self.model.generate([vllm.inputs.TokensPrompt(prompt_token_ids=r) for r in rows], params,
-                                   use_tqdm=False)
+        with engine_lock(self.model):
+            outs = self.model.generate([vllm.inputs.TokensPrompt(prompt_token_ids=r) for r in rows], params,
+                                       use_tqdm=False)
         result = []
         for b, (out, row) in enumerate(zip(outs, rows)):
             scored = out.prompt_logprobs

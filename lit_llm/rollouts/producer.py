@@ -8,6 +8,10 @@ when the trained policy is at version ``s`` has staleness ``s - v``; the GRPO ra
 log-probs, so the staleness is importance-corrected, and rollouts staler than ``max_staleness`` are dropped and
 counted. Reproducible only up to thread timing (which weights a batch is generated with depends on when the sync
 lands).
+
+With a shared inference engine (vLLM, ``copy_weights=False``) there is no copy: the producer's engine samples from
+the engine the trainer pushes into, and :meth:`AsyncRollouts.between_rollouts` runs the push on the trainer's thread
+once the rollout in flight is done (never during one, so every rollout comes from one version of the weights).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ class AsyncRollouts:
         self.num_produced = 0
         self._staged: tuple[dict[str, Tensor], int, bool] | None = None
         self._lock = threading.Lock()
+        self._generating = threading.RLock()  # held by the producer around each rollout (see between_rollouts)
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,22 +105,29 @@ class AsyncRollouts:
     def from_engine(cls, engine: RolloutEngine, prompts: Iterable[Mapping[str, Any]], *, max_staleness: int = 1,
                     queue_size: int = 1, version: int | None = None,
                     rollout_context: Callable[[], AbstractContextManager] | None = None,
-                    trainer_state_fn: Callable[[], Any] | None = None) -> AsyncRollouts:
+                    trainer_state_fn: Callable[[], Any] | None = None, copy_weights: bool = True) -> AsyncRollouts:
         """A producer over a twin of ``engine``: the same class, settings (taken whole, :meth:`RolloutEngine.
-        twin_kwargs`), reward functions and rank, over a deep copy of its policy's weights (:meth:`from_policy`).
+        twin_kwargs`), reward functions and rank, over a deep copy of its policy's weights (:meth:`from_policy`), or
+        with ``copy_weights=False`` over the same policy (a shared inference engine such as vLLM, whose weights the
+        trainer pushes through :meth:`between_rollouts`).
 
         Args:
-            engine: the trainer's engine (over the trained weights).
+            engine: the trainer's engine (over the trained weights, or over the shared inference engine).
             prompts, max_staleness, queue_size, rollout_context: see the class.
             version: version of the weights being copied (default: the engine's).
             trainer_state_fn: the twin's ``trainer_state_fn`` (default: the engine's).
+            copy_weights: copy the policy's model (``False``: share the policy, no copy).
         """
         kwargs = engine.twin_kwargs()
         if trainer_state_fn is not None:
             kwargs["trainer_state_fn"] = trainer_state_fn
+        version = engine.version if version is None else version
+        if not copy_weights:
+            twin = type(engine)(engine.policy, **kwargs, version=version)
+            return cls(twin, prompts, max_staleness=max_staleness, queue_size=queue_size,
+                       rollout_context=rollout_context)
         return cls.from_policy(engine.policy, prompts, max_staleness=max_staleness, queue_size=queue_size,
-                               version=engine.version if version is None else version,
-                               rollout_context=rollout_context, engine_cls=type(engine), **kwargs)
+                               version=version, rollout_context=rollout_context, engine_cls=type(engine), **kwargs)
 
     def __len__(self) -> int:
         return len(self.prompts)  # type: ignore[arg-type]
@@ -141,6 +153,26 @@ class AsyncRollouts:
             self._staged = (staged, int(version), not trainable_only)
         self.set_trainer_version(version)
 
+    def between_rollouts(self, fn: Callable[[], Any], version: int) -> Any:
+        """Call ``fn`` on this (the trainer's) thread while the producer generates nothing, then record ``version``
+        as the weights the producer's engine samples with and as the trainer version. Waits for the rollout in flight
+        (generation and rewards) to finish; the producer's next rollout starts after ``fn`` returns. For a shared
+        inference engine (``copy_weights=False``): ``fn`` pushes the trained weights into it.
+
+        Returns:
+            ``fn()``'s result.
+        """
+        with self._generating:
+            result = fn()
+            self.engine.version = int(version)
+        self.set_trainer_version(version)
+        return result
+
+    def generation_turn(self) -> threading.RLock:
+        """The lock the producer holds around each rollout: hold it to use a shared engine from another thread
+        (e.g. greedy evaluation on the trainer's thread) without meeting a rollout half-way."""
+        return self._generating
+
     def set_trainer_version(self, version: int) -> None:
         """Record the trained policy's current version (staleness is measured against it)."""
         self.trainer_version = int(version)
@@ -161,7 +193,7 @@ class AsyncRollouts:
                 if staged is not None:
                     weights, version, strict = staged
                     self.engine.load_weights(weights, version, strict=strict)
-                with torch.no_grad(), self.rollout_context():
+                with self._generating, torch.no_grad(), self.rollout_context():
                     td = self.engine.rollout(batch, step=step)
                 step += 1
                 self.num_produced += 1
