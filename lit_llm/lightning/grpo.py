@@ -27,7 +27,8 @@ One training batch = the prompts of one optimizer step (:mod:`lit_llm.lightning.
    ``train/entropy``, ``train/clip_ratio/{low,high,region}_mean``, ``train/ratio_mean`` (and this rank's
    ``train/ratio_{min,max}``), ``train/staleness``, ``train/dropped_rollouts``, ``time/{generation,rollout_wait,
    training,step}`` (s), ``train/tokens_per_sec`` (prompt + completion tokens of the trained rows / training time),
-   ``rollout/tokens_per_sec`` (generated tokens / generation time), ``train/grad_norm``, ``train/lr``. Sampler/trainer
+   ``rollout/tokens_per_sec`` (generated tokens / generation time), ``train/grad_norm``, ``train/lr``; with
+   ``use_vllm`` ``time/weight_push`` (s) and ``rollout/weight_pushes``. Sampler/trainer
    mismatch at the first iteration of each batch: ``train/mismatch/kl`` (k3 of generation-time vs trainer log-probs on
    the same ids), this rank's ``train/mismatch/ratio_{min,max}`` (trainer / sampler probability),
    ``train/first_iteration/ratio_{min,max}`` and ``train/first_iteration/clip_ratio`` (the GRPO ratio and its clipped
@@ -477,6 +478,7 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         log = rollout_metrics(self, rollout, staleness=staleness, wait_time=wait_time, train_time=train_time,
                               step_time=step_time)
         log.update(self.stats.metrics(train_time, self.trained_tokens, self.old_log_probs == "recompute"))
+        log.update(self.versions.engine_metrics())
         self.log_dict({k: torch.as_tensor(v, dtype=torch.float32) for k, v in log.items()}, on_step=True,
                       on_epoch=False, batch_size=1)
         self.log("reward", torch.as_tensor(log["train/reward"]), prog_bar=True, on_step=True, batch_size=1,

@@ -202,6 +202,13 @@ class PolicyVersionSwitch(Callback):
         else:
             vllm.push(self.model, key)
 
+    def engine_metrics(self) -> dict[str, float]:
+        """With ``vllm``: ``time/weight_push`` (seconds of the last push into the engine) and
+        ``rollout/weight_pushes`` (pushes so far); empty without."""
+        if self.vllm is None:
+            return {}
+        return {"time/weight_push": self.vllm.last_push_time, "rollout/weight_pushes": float(self.vllm.num_pushes)}
+
     def greedy_version(self, max_new_tokens: int) -> Any:
         """:attr:`sampler`'s ``get_new_version`` with greedy decoding and ``max_new_tokens`` (built once per budget,
         batching off)."""

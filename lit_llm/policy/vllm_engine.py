@@ -21,6 +21,7 @@ What an in-process engine changes in the process that builds it (vLLM 0.32, CPU 
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -262,12 +263,30 @@ def load_weights(llm: Any, weights: Iterable[tuple[str, Tensor]]) -> None:
                          f"serialised and copied; build the engine with VLLM_ENABLE_V1_MULTIPROCESSING=0 "
                          f"(lit_llm.policy.vllm_engine.make_engine does).")
     tied = bool(getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
+    _quiet_reload_log()
     with engine_lock(llm):
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _with_tied_head(weights, tied)})
         reset = llm.reset_prefix_cache()
     if reset is False:
         raise RuntimeError("load_weights: the weights were pushed but vLLM did not reset its prefix cache (a request "
                            "was still running); call llm.reset_prefix_cache() once no generate call is in flight.")
+
+
+class _NoWeightlessLayerWarning(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" line of every in-place reload: the rotary embedding has
+    no weights (its cos / sin cache is computed), so there is nothing to load."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
+
+
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+def _quiet_reload_log() -> None:
+    logger = logging.getLogger(_RELOAD_LOGGER)
+    if not any(isinstance(f, _NoWeightlessLayerWarning) for f in logger.filters):
+        logger.addFilter(_NoWeightlessLayerWarning())
 
 
 def _with_tied_head(weights: Iterable[tuple[str, Tensor]], tied: bool) -> Iterator[tuple[str, Tensor]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -234,6 +235,9 @@ class VLLMRollouts:
         from lit_llm.policy.vllm_wrapper import vLLMWrapper
 
         if self.llm is None:
+            # the engine initialises torch.distributed (world size 1), after which Lightning advises sync_dist=True
+            # for every epoch-level metric; with one process (check_setup) there is nothing to sync
+            warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
             kwargs = self.engine_kwargs(precision=precision, device=device)
             try:
                 self.llm = shared_engine(self.model_name, **kwargs)
