@@ -120,7 +120,8 @@ def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
 
     A ``peft`` LoRA model yields its base model's names with each adapted layer's weight merged out of place
     (``W + get_delta_weight(adapter)`` = ``W + (lora_alpha / r) B A`` for each active adapter, in ``W``'s dtype): the
-    engine serves base + adapters while the trainer keeps its adapters unmerged. Adapter tensors are not yielded.
+    engine serves base + adapters while the trainer keeps its adapters unmerged. Adapter tensors are not yielded; a
+    tied weight is yielded once (as ``named_parameters()`` lists it).
     """
     get_base = getattr(model, "get_base_model", None)
     if not callable(get_base):
@@ -130,6 +131,7 @@ def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
 
     base = get_base()
     adapted = {name for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    seen: set[int] = set()  # a tied weight once, as named_parameters() lists it
     for name, module in base.named_modules():
         if name in adapted:
             layer = module.base_layer
@@ -147,7 +149,9 @@ def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
         if parent in adapted:  # inside an adapted layer: its base layer, lora_A / lora_B, dropout
             continue
         for pname, p in module.named_parameters(recurse=False):
-            yield (f"{name}.{pname}" if name else pname), p.detach()
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield (f"{name}.{pname}" if name else pname), p.detach()
 
 
 class VLLMRollouts:
