@@ -101,6 +101,12 @@ RESUME_OPTIONS: dict[str, tuple[Literal["applied", "refused"], str]] = {
     "max_staleness": (APPLIED, "async: the oldest rollout used"),
     "rollout_seed": (APPLIED, "the sampling seeds of the rollouts after the resume (they then differ from an "
                               "uninterrupted run's)"),
+    "use_vllm": (APPLIED, "which engine samples the rollouts (vLLM or the trained model; the engine gets the restored "
+                          "weights at fit start); nothing of it is checkpointed"),
+    **{f"vllm_{name}": (APPLIED, "a setting of the vLLM engine (built at setup, given the restored weights); nothing "
+                                 "of it is checkpointed")
+       for name in ("mode", "gpu_memory_utilization", "max_model_length", "tensor_parallel_size", "enable_sleep_mode",
+                    "enforce_eager", "kv_cache_gib")},
     # -- evaluation and logging
     "eval_reward_funcs": (APPLIED, "evaluation"),
     "eval_max_new_tokens": (APPLIED, "evaluation"),

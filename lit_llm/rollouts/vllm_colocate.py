@@ -115,7 +115,7 @@ def engine_dtype(precision: Any) -> str:
 
 
 @torch.no_grad()
-def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
+def hf_weights(trained: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
     """The trained model's weights as ``(HF checkpoint name, tensor)`` pairs, the tensors themselves (no copy).
 
     A ``peft`` LoRA model yields its base model's names with each adapted layer's weight merged out of place
@@ -123,9 +123,9 @@ def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
     engine serves base + adapters while the trainer keeps its adapters unmerged. Adapter tensors are not yielded; a
     tied weight is yielded once (as ``named_parameters()`` lists it).
     """
-    get_base = getattr(model, "get_base_model", None)
+    get_base = getattr(trained, "get_base_model", None)
     if not callable(get_base):
-        yield from ((name, p.detach()) for name, p in model.named_parameters())
+        yield from ((name, p.detach()) for name, p in trained.named_parameters())
         return
     from peft.tuners.lora import LoraLayer
 
