@@ -23,6 +23,7 @@ from lit_llm.lightning.environment_option import user_code_unresolved
 from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS
 from lit_llm.objectives.grpo import GRPOObjective
 from lit_llm.objectives.loss_types import Cispo
+from lit_llm.policy.vllm_engine import check_vllm_installed
 from lit_llm.rewards import RewardError, RewardFunctions
 from lit_llm.rollouts.engine import RESERVED_KEYS
 from lit_llm.rollouts.settings import DEFAULT_ENV_TIMEOUT, EpisodeSettings, RolloutSettings, check_timeout
@@ -255,6 +256,7 @@ def build_vllm(use_vllm: bool, model: str, settings: RolloutSettings, old_log_pr
     Raises:
         lit_llm.rollouts.RolloutError: an option out of range; ``top_p`` / ``top_k`` without ``old_log_probs:
             recompute`` (:func:`~lit_llm.rollouts.vllm_colocate.check_vllm_sampling`).
+        ValueError: vLLM is not installed (names ``make setup-vllm``; checked without importing it).
     """
     vllm_settings = VLLMSettings(**options)
     if not use_vllm:
@@ -265,4 +267,5 @@ def build_vllm(use_vllm: bool, model: str, settings: RolloutSettings, old_log_pr
                            f"the trained model). Set --model.init_args.use_vllm true to use them.")
         return None
     check_vllm_sampling(settings, old_log_probs)
+    check_vllm_installed("use_vllm")
     return VLLMRollouts(model, vllm_settings, seed=settings.seed)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
@@ -34,8 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT_KV_CACHE_GIB", "LOGPROBS_MODE", "SETUP_HINT", "EngineModel", "engine_lock", "is_vllm_engine",
-           "load_weights", "make_engine", "require_vllm", "shared_engine"]
+__all__ = ["DEFAULT_KV_CACHE_GIB", "LOGPROBS_MODE", "SETUP_HINT", "EngineModel", "check_vllm_installed", "engine_lock",
+           "is_vllm_engine", "load_weights", "make_engine", "require_vllm", "shared_engine"]
 
 SETUP_HINT = "make setup-vllm"
 #: The KV-cache size :func:`make_engine` reserves by default, in GiB (tiny and 135M models need far less).
@@ -60,6 +61,22 @@ def require_vllm(owner: str = "vLLMWrapper") -> Any:
         raise ImportError(f"{owner} needs vLLM, which is not importable here ({e}); install it with `{SETUP_HINT}` "
                           f"(its own virtualenv .venv-vllm) and run with .venv-vllm/bin/python.") from None
     return vllm
+
+
+def check_vllm_installed(owner: str) -> None:
+    """Raise, without importing vLLM (an import takes seconds and logs), when it is not installed.
+
+    Raises:
+        ValueError: no ``vllm`` package on ``sys.path`` (or only a folder named ``vllm``); one line naming
+            ``make setup-vllm``.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # absent, or a namespace package (a folder named vllm)
+        raise ValueError(f"{owner} needs vLLM, which is not installed in this Python environment ({sys.prefix}); "
+                         f"install it with `{SETUP_HINT}` (its own virtualenv .venv-vllm) and run "
+                         f".venv-vllm/bin/lit-llm (or .venv-vllm/bin/python).")
 
 
 def is_vllm_engine(model: Any) -> bool:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback, Trainer
 
+from lit_llm.lightning import grpo_options
 from lit_llm.lightning.grpo import GRPOModule
 from lit_llm.lightning.grpo_data import GRPODataModule
 from lit_llm.models import load_model
@@ -67,6 +68,7 @@ def stand_in(monkeypatch):
         assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}, result  # tied head
 
     monkeypatch.setattr(vllm_colocate, "load_weights", push_into_copy)
+    monkeypatch.setattr(grpo_options, "check_vllm_installed", lambda owner: None)  # the stand-in needs no vLLM
     return StandInEngine()
 
 

@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 
+from lit_llm.lightning import grpo_options
 from lit_llm.lightning.grpo import GRPOModule
 from lit_llm.lightning.grpo_options import build_vllm
 from lit_llm.rollouts import vllm_colocate
@@ -53,7 +54,8 @@ def test_top_p_top_k_need_recompute():
     check_vllm_sampling(RolloutSettings(num_generations=2), "rollout")
 
 
-def test_module_refuses_top_p_without_recompute_at_init():
+def test_module_refuses_top_p_without_recompute_at_init(monkeypatch):
+    monkeypatch.setattr(grpo_options, "check_vllm_installed", lambda owner: None)
     with pytest.raises(ValueError, match=r"^GRPOModule: use_vllm with top_p=0.9: "):
         GRPOModule("tiny", num_generations=2, top_p=0.9, use_vllm=True)
 
@@ -102,7 +104,8 @@ def test_hf_weights_lora_merged_out_of_place(tiny):
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # the trainer keeps its adapters
 
 
-def test_build_vllm_off_warns_about_set_options():
+def test_build_vllm_off_warns_about_set_options(monkeypatch):
+    monkeypatch.setattr(grpo_options, "check_vllm_installed", lambda owner: None)
     settings = RolloutSettings(num_generations=2)
     with pytest.warns(UserWarning, match=r"GRPOModule: vllm_enforce_eager, vllm_kv_cache_gib set but use_vllm is "
                                          r"false: unused"):

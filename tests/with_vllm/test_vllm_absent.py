@@ -43,6 +43,17 @@ def test_without_vllm_make_engine_checks_options_first_then_names_the_make_targe
         load_weights(torch.nn.Linear(2, 2), [])
 
 
+def test_without_vllm_use_vllm_is_one_error_at_construction(no_vllm):
+    """Before any model load, logger folder or engine start; checked without importing vLLM."""
+    from lit_llm.lightning.grpo import GRPOModule
+
+    with pytest.raises(ValueError) as e:
+        GRPOModule("tiny-vllm", num_generations=2, use_vllm=True)
+    assert str(e.value) == (f"GRPOModule: use_vllm needs vLLM, which is not installed in this Python environment "
+                            f"({sys.prefix}); install it with `make setup-vllm` (its own virtualenv .venv-vllm) and "
+                            f"run .venv-vllm/bin/lit-llm (or .venv-vllm/bin/python).")
+
+
 def test_tiny_vllm_is_a_saved_folder_with_head_size_32_and_seeded_weights(tokenizer):
     path = models.resolve_model_path("tiny-vllm")
     assert path == str(models.tiny_vllm_path())
