@@ -106,3 +106,22 @@ def test_lora_async_and_episodes_on_the_engine(tmp_path):
     assert isinstance(tools.model.engine.policy, vLLMWrapper)
     rows = metrics(tmp_path / "tools")
     assert len(rows) == 2 and all(any(k.startswith("train/episodes/") and v for k, v in r.items()) for r in rows)
+
+
+def test_more_than_one_process_is_refused_naming_it(tmp_path):
+    """The DDP decision (issue 27 item 6): one colocated engine per trainer process, so ``use_vllm`` with 2 gloo ranks
+    is refused by every rank at setup, before an engine starts (vLLM would initialise its own process group)."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "lit_llm.cli_entry", "fit", "--config", CONFIG,
+                           "--trainer.default_root_dir", str(tmp_path), "--trainer.devices", "2",
+                           "--trainer.strategy", "ddp"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = {ln for ln in proc.stderr.splitlines() if ln.startswith("lit-llm: error:")}
+    assert errors == {"lit-llm: error: use_vllm runs one colocated engine in one trainer process; this run has 2 "
+                      "processes (trainer.devices / num_nodes). Train on one device (--trainer.devices 1) or set "
+                      "use_vllm: false (rollouts on the trained model)."}
+    assert "Traceback" not in proc.stderr
