@@ -91,7 +91,7 @@ def test_rerun_identical_and_resume_rolls_out_from_restored_weights(tmp_path):
     assert resumed == first[2:]
 
 
-def test_lora_async_and_episodes_on_the_engine(tmp_path):
+def test_lora_async_recompute_and_episodes_on_the_engine(tmp_path):
     lora = fit(tmp_path / "lora", "--trainer.max_steps", "2", "--model.init_args.use_peft", "true",
                "--model.init_args.lora_dropout", "0.0", "--trainer.val_check_interval", "2")
     assert lora.model.versions.vllm.num_pushes >= 2
@@ -101,6 +101,10 @@ def test_lora_async_and_episodes_on_the_engine(tmp_path):
     producer = run.model.async_rollouts
     assert producer.engine.policy is run.model.engine.policy and run.model.versions.num_syncs == 3
     assert len(metrics(tmp_path / "async")) == 3
+    fit(tmp_path / "recompute", "--trainer.max_steps", "2", "--model.init_args.old_log_probs", "recompute",
+        "--model.init_args.rollout_correction", "token_truncate")
+    rows = metrics(tmp_path / "recompute")  # the correction's weights are recomputed-old / vLLM's probabilities
+    assert len(rows) == 2 and all(float(r["train/rollout_correction/weight_mean"]) > 0.99 for r in rows)
     tools = fit(tmp_path / "tools", "--trainer.max_steps", "2", *SAME_ENGINE,
                 config=str(ROOT / "configs" / "grpo_tools_tiny.yaml"))
     assert isinstance(tools.model.engine.policy, vLLMWrapper)
