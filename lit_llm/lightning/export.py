@@ -5,6 +5,7 @@ load a checkpoint's module (full weights or LoRA adapters) or a model name's pol
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import shutil
@@ -248,7 +249,8 @@ def load_checkpoint_module(ckpt_path: str | os.PathLike, *, who: str = "lit-llm"
     weights: the base model is loaded from its ``model`` option and checked against the recorded identity (path and
     config hash) by :meth:`PolicyModule.on_load_checkpoint`, then the adapters are restored; ``module.model`` is the
     ``PeftModel`` with its adapters enabled (``merge_and_unload()`` gives a plain model, as
-    :func:`export_checkpoint` does).
+    :func:`export_checkpoint` does). A ``GRPOModule`` trained with ``use_vllm`` is loaded with ``use_vllm: false``
+    (inference samples with the module's own model; vLLM need not be installed).
 
     Args:
         ckpt_path: a ``.ckpt`` file written by ``lit-llm fit``.
@@ -269,8 +271,10 @@ def load_checkpoint_module(ckpt_path: str | os.PathLike, *, who: str = "lit-llm"
     from lit_llm.lightning.grpo import environment_unresolved
 
     cls = _module_class(ckpt)
+    # a run trained with use_vllm loads without vLLM: inference here samples with the trained model itself
+    overrides = {"use_vllm": False} if "use_vllm" in inspect.signature(cls.__init__).parameters else {}
     with contextlib.nullcontext() if resolve_environment else environment_unresolved():
-        module = cls.load_from_checkpoint(str(ckpt), map_location=map_location, weights_only=False)
+        module = cls.load_from_checkpoint(str(ckpt), map_location=map_location, weights_only=False, **overrides)
     module.eval()
     return module
 

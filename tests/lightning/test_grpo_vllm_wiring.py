@@ -182,3 +182,23 @@ def test_lora_pushes_base_plus_adapters(stand_in):
     for name, p in merged.named_parameters():
         torch.testing.assert_close(stand_in.llm.get_parameter(name), p.detach(), rtol=0, atol=1e-6)
     assert any("lora_" in n for n, _ in module.model.named_parameters())  # the trainer keeps its adapters
+
+
+def test_checkpoint_of_a_vllm_run_loads_without_vllm(tmp_path):
+    """export / predict / chat / evaluate read a use_vllm run's checkpoint in an environment without vLLM."""
+    from lit_llm.lightning.export import load_checkpoint_module
+
+    module = GRPOModule("tiny-vllm", reward_funcs=["lit_llm.rewards:strict_arithmetic_reward"], num_generations=2)
+    trainer = Trainer(max_steps=0, accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.strategy.connect(module)
+    ckpt = tmp_path / "vllm_run.ckpt"
+    trainer.save_checkpoint(ckpt)
+    state = torch.load(ckpt, weights_only=False)
+    hp = state["hyper_parameters"]  # as `lit-llm fit --model.init_args.use_vllm true` saves it
+    hp["use_vllm"], hp["_class_path"] = True, "lit_llm.lightning.grpo.GRPOModule"
+    torch.save(state, ckpt)
+    loaded = load_checkpoint_module(ckpt)
+    assert loaded.hparams.use_vllm is False and loaded.vllm is None
+    for name, p in module.model.named_parameters():
+        torch.testing.assert_close(loaded.model.get_parameter(name), p.detach(), rtol=0, atol=0)
