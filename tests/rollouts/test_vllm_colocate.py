@@ -166,3 +166,25 @@ def test_engine_start_failure_is_one_line_naming_the_option(tiny, monkeypatch):
 def test_push_before_build_refused(tiny):
     with pytest.raises(RuntimeError, match=r"^VLLMRollouts.push: no engine yet"):
         VLLMRollouts("tiny-vllm", VLLMSettings()).push(tiny, (1, 0))
+
+
+def test_sleep_mode_wakes_before_a_push_and_sleeps_once(monkeypatch, tiny):
+    """vLLM's sleep mode (CUDA only, never run here): the calls the engine gets, in order, on a stand-in."""
+    calls = []
+    llm = types.SimpleNamespace(sleep=lambda level: calls.append(("sleep", level)),
+                                wake_up=lambda: calls.append(("wake_up",)))
+    monkeypatch.setattr(vllm_colocate, "load_weights", lambda engine, weights: calls.append(("push",)))
+    rollouts = VLLMRollouts("tiny-vllm", VLLMSettings(enable_sleep_mode=True))
+    rollouts.llm = llm
+    rollouts.sleep()
+    rollouts.push(tiny, (1, 0))
+    rollouts.sleep()
+    rollouts.sleep()
+    rollouts.wake_up()
+    rollouts.wake_up()
+    assert calls == [("sleep", 1), ("wake_up",), ("push",), ("sleep", 1), ("wake_up",)]
+    assert (rollouts.num_sleeps, rollouts.num_wake_ups, rollouts.num_pushes) == (2, 2, 1)
+    awake = VLLMRollouts("tiny-vllm", VLLMSettings())
+    awake.llm = llm
+    awake.sleep()  # without enable_sleep_mode: never
+    assert len(calls) == 5
