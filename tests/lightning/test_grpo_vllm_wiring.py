@@ -202,3 +202,26 @@ def test_checkpoint_of_a_vllm_run_loads_without_vllm(tmp_path):
     assert loaded.hparams.use_vllm is False and loaded.vllm is None
     for name, p in module.model.named_parameters():
         torch.testing.assert_close(loaded.model.get_parameter(name), p.detach(), rtol=0, atol=0)
+
+
+def test_a_failed_push_leaves_the_last_checkpoint_intact(stand_in, monkeypatch, tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    pushes = []
+
+    def fails_third(llm, weights):
+        pushes.append(1)
+        if len(pushes) == 3:
+            raise RuntimeError("engine lost")
+        llm.load_state_dict(dict(weights), strict=False)
+
+    monkeypatch.setattr(vllm_colocate, "load_weights", fails_third)
+    module = make_module(stand_in, reward_funcs=["lit_llm.rewards:strict_arithmetic_reward"])
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1, save_top_k=0)
+    trainer = Trainer(max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=[ckpt], limit_val_batches=0, num_sanity_val_steps=0)
+    with pytest.raises(RuntimeError, match="engine lost"):  # the push before step 2's rollout
+        trainer.fit(module, GRPODataModule(batch_size=2, num_train=40, num_eval=0))
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 2  # the last completed step's checkpoint, whole and loadable
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
