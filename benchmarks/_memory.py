@@ -30,9 +30,26 @@ def release_and_reset_peak() -> int:
     return status_kb("VmRSS") * 1024
 
 
+def commit() -> str:
+    """The checkout's commit (short hash, ``+dirty`` with uncommitted changes), or ``"unknown"`` outside git."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+
+
 def machine_line() -> str:
-    """``"CPU: <model>; flags: avx2 avx512f avx512_bf16 amx_bf16 ...; <n> cores; torch threads <t>"``: the CPU facts
-    that decide whether bf16 is native (AVX512-BF16 / AMX) or emulated (AVX2 only: bf16 several times slower)."""
+    """``"CPU: <model>; flags: avx2 avx512f avx512_bf16 amx_bf16 ...; <n> cores; torch threads <t>; commit <sha>"``:
+    the CPU facts that decide whether bf16 is native (AVX512-BF16 / AMX) or emulated (AVX2 only: bf16 several times
+    slower), and the tree measured."""
     import os
 
     import torch
@@ -49,4 +66,4 @@ def machine_line() -> str:
         pass
     shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in flags]
     return (f"CPU: {model}; flags: {' '.join(shown) or 'none of avx2/avx512f/avx512_bf16/amx'}; "
-            f"{os.cpu_count()} cores; torch threads {torch.get_num_threads()}")
+            f"{os.cpu_count()} cores; torch threads {torch.get_num_threads()}; commit {commit()}")
