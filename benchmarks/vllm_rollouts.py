@@ -117,7 +117,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=0, help="GRPO steps per run (0: no GRPO runs)")
     p.add_argument("--workloads", nargs="+", default=["demo", "gsm8k"], choices=sorted(WORKLOADS))
     a = p.parse_args()
-    print(machine_line(), f"torch threads {torch.get_num_threads()}", flush=True)
+    print(machine_line(), flush=True)
     if a.generation:
         print(f"{a.prompts} prompts x {a.samples} samples, <= {a.max_new_tokens} new tokens, SmolLM2-135M-Instruct")
         for precision in a.precisions:
