@@ -50,6 +50,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import signal
 import sys
 import warnings
@@ -62,7 +63,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 import lit_llm.lightning.grpo  # noqa: F401  (registers GRPOModule among PolicyModule's subclasses: --model.help)
 from lit_llm.cli_errors import CLIConfigError, OneLineErrors, debug_enabled, explain_config_error
@@ -169,12 +170,18 @@ def route_optimizer_options(config: Any) -> None:
         config[key] = None
 
 
+#: The names ``--ckpt_path last`` resumes from (Lightning's ``CHECKPOINT_NAME_LAST``, its version suffix).
+LAST_NAME = re.compile(rf"{re.escape(StepCheckpoint.CHECKPOINT_NAME_LAST)}(-v?\d+)?"
+                       rf"{re.escape(StepCheckpoint.FILE_EXTENSION)}")
+
+
 def last_checkpoint(dirpath: str | os.PathLike) -> str | None:
-    """The file ``--ckpt_path last`` resumes from: the newest ``last*.ckpt`` in ``dirpath`` (as Lightning's
-    ``ModelCheckpoint`` finds it), ``None`` when there is none."""
+    """The file ``--ckpt_path last`` resumes from: the newest of ``last.ckpt`` / ``last-vN.ckpt`` / ``last-N.ckpt`` in
+    ``dirpath`` (Lightning's ``ModelCheckpoint`` names, :data:`LAST_NAME`), ``None`` when there is none
+    (``step=3-last.ckpt`` or ``blast.ckpt`` are not one)."""
     if not os.path.isdir(dirpath):
         return None
-    found = [os.path.join(dirpath, n) for n in os.listdir(dirpath) if "last" in n and n.endswith(".ckpt")]
+    found = [os.path.join(dirpath, n) for n in os.listdir(dirpath) if LAST_NAME.fullmatch(n)]
     return max(found, key=os.path.getmtime) if found else None
 
 
@@ -270,15 +277,19 @@ class LitLLMCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """Replaces LightningCLI's (which re-applies the checkpoint's hyperparameters over the command line).
 
-        ``--ckpt_path FILE`` and ``--ckpt_path last`` (the newest ``last*.ckpt`` under ``checkpoint.dirpath``):
-        the file is checked first (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file`: one line for an
-        empty, truncated, non-checkpoint or weights-only file (``fit``) or another module's checkpoint, before
-        Lightning reads it); then the module options the user gave that differ from the checkpoint's are applied or
-        refused (:func:`~lit_llm.lightning.resume_options.check_resume_options`, one line per applied option), and
-        the options not given take the checkpoint's values.
+        ``--ckpt_path FILE`` and ``--ckpt_path last`` (the newest ``last.ckpt`` / ``last-vN.ckpt`` under
+        ``checkpoint.dirpath``, :func:`last_checkpoint`, written back into the config: the file that runs is the one
+        checked; when there is none, ``fit`` warns in one line that it starts a new run from step 0, as Lightning
+        does, and ``validate`` is an error): the file is checked first
+        (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file`: one line for an empty, truncated,
+        non-checkpoint or weights-only file (``fit``) or another module's checkpoint, before Lightning reads it);
+        then the module options the user gave that differ from the checkpoint's are applied or refused
+        (:func:`~lit_llm.lightning.resume_options.check_resume_options`, one line per applied option), and the
+        options not given take the checkpoint's values.
 
         Raises:
-            CheckpointFileError, ResumeOptionError, FileNotFoundError: one-line messages naming the path / option.
+            CheckpointFileError, ResumeOptionError, FileNotFoundError: one-line messages naming the path / option
+                (``FileNotFoundError``: ``validate --ckpt_path last`` and no ``last.ckpt``).
         """
         subcommand = self.config.get("subcommand")
         if not subcommand:
@@ -290,6 +301,14 @@ class LitLLMCLI(LightningCLI):
             dirpath = (config.get("checkpoint") or {}).get("dirpath") or checkpoint_dir(
                 trainer_cfg.get("default_root_dir"))
             ckpt_path = last_checkpoint(dirpath)
+            if ckpt_path is None and subcommand != "fit":
+                raise FileNotFoundError(f"--ckpt_path last: no last.ckpt in {dirpath}, so there is no checkpoint to "
+                                        f"{subcommand}; give --ckpt_path FILE, or the --trainer.default_root_dir of "
+                                        f"the run that wrote it.")
+            if ckpt_path is None:  # Lightning's rule (a requeued job passes `last` from its first run): fit starts
+                rank_zero_warn(f"--ckpt_path last: no last.ckpt in {dirpath}, so this fit starts a new run from step "
+                               f"0 (to resume another run give its --trainer.default_root_dir or --ckpt_path FILE)")
+            config["ckpt_path"] = ckpt_path  # what runs is the file checked here (None: Lightning's hint not repeated)
         elif ckpt_path in ("best", "hpc", "registry") or (ckpt_path and str(ckpt_path).startswith("registry:")):
             return  # Lightning's own lookups
         if not ckpt_path:

@@ -164,6 +164,50 @@ def test_a_new_lr_rescales_the_restored_schedule_and_other_knobs_apply():
     assert group["lr"] == pytest.approx(2e-3 * factor * (1 + 0.9 / (20 * 0.1 + 3 * 0.9)))
 
 
+# ----------------------------------------------------------------------------- --ckpt_path last (issue 30 item 1)
+def test_last_checkpoint_follows_lightnings_names(tmp_path):
+    from lit_llm.lightning.cli import last_checkpoint
+
+    assert last_checkpoint(tmp_path / "nope") is None
+    for i, name in enumerate(["last.ckpt", "last-v1.ckpt", "step=3-last.ckpt", "blast.ckpt", "last.ckpt.tmp"]):
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, (i, i))
+    assert last_checkpoint(tmp_path) == str(tmp_path / "last-v1.ckpt")  # the newest of Lightning's names only
+    os.utime(tmp_path / "last.ckpt", (9, 9))
+    assert last_checkpoint(tmp_path) == str(tmp_path / "last.ckpt")
+
+
+def _tiny_args(root: Path, *extra: str) -> list[str]:
+    return ["--model", "lit_llm.lightning.SFTModule", "--model.model", "tiny", "--data",
+            "lit_llm.lightning.SFTDataModule", "--data.format", "arithmetic", "--data.num_samples", "8",
+            "--data.batch_size", "4", "--data.max_length", "48", "--trainer.default_root_dir", str(root),
+            "--trainer.enable_progress_bar", "false", "--wandb", "false", "--samples.num_samples", "0",
+            "--trainer.precision", "32-true", *extra]
+
+
+def test_ckpt_path_last_without_a_checkpoint(tmp_path):
+    """``fit``: one warning that a new run starts from step 0 (Lightning's rule, so that a requeued job can pass
+    ``last`` from its first run), and the config saved says no checkpoint; ``validate``: an error."""
+    root = tmp_path / "run"
+    with pytest.raises(FileNotFoundError) as e:
+        main(["validate", *_tiny_args(root, "--ckpt_path", "last")])
+    assert str(e.value) == (f"--ckpt_path last: no last.ckpt in {root / 'checkpoints'}, so there is no checkpoint to "
+                            f"validate; give --ckpt_path FILE, or the --trainer.default_root_dir of the run that wrote "
+                            f"it.")
+    assert not root.exists()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = main(["fit", *_tiny_args(root, "--ckpt_path", "last", "--trainer.max_steps", "1")])
+    assert cli.trainer.global_step == 1
+    ours = [str(w.message) for w in caught if str(w.message).startswith("--ckpt_path")]
+    assert ours == [f"--ckpt_path last: no last.ckpt in {root / 'checkpoints'}, so this fit starts a new run from "
+                    f"step 0 (to resume another run give its --trainer.default_root_dir or --ckpt_path FILE)"]
+    assert "ckpt_path: null" in (root / "csv" / "version_0" / "config.yaml").read_text()
+    cli = main(["fit", *_tiny_args(root, "--ckpt_path", "last", "--trainer.max_steps", "2")])
+    assert cli.config["fit"]["ckpt_path"] == str(root / "checkpoints" / "last.ckpt")  # the file checked is what runs
+    assert cli.trainer.global_step == 2
+
+
 # ----------------------------------------------------------------------------------------- from the command line
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
 ENV.pop("LIT_LLM_DEBUG", None)
