@@ -194,6 +194,15 @@ def test_reward_funcs_emptied_over_a_config_with_reward_weights_says_to_null_the
         "  (LIT_LLM_DEBUG=1 shows the traceback)"]
 
 
+def test_an_unknown_reward_name_is_told_before_the_weights_mismatch(tmp_path):
+    """grpo_tiny sets two reward_weights: one misspelled reward_funcs entry is about its name, not the count."""
+    lines = build_error_lines(["fit", "--config", GRPO, "--model.init_args.reward_funcs", "[strict_arithmetic_rewrd]",
+                               "--trainer.max_steps", "0", "--trainer.default_root_dir", str(tmp_path)])
+    assert lines[0].startswith("Unknown reward function 'strict_arithmetic_rewrd' (a reward_funcs / eval_reward_funcs "
+                               "entry): not a built-in (did you mean 'strict_arithmetic_reward'?). Built-in reward "
+                               "functions: ["), lines[0]
+
+
 def test_trainer_error_names_its_option(tmp_path):
     lines = build_error_lines(["fit", "--config", SFT, "--trainer.accelerator", "gpuu", "--trainer.default_root_dir",
                                str(tmp_path)])
