@@ -75,6 +75,7 @@ from lit_llm.lightning.module import PolicyModule, check_manual_optimization_opt
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
 from lit_llm.lightning.resume_options import check_resume_options
+from lit_llm.lightning.run_folders import remove_unused_log_dirs
 
 __all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "USER_ERRORS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
            "checkpoint_dir", "default_loggers", "last_checkpoint", "main", "route_optimizer_options",
@@ -348,9 +349,18 @@ class LitLLMCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         """LightningCLI's, with a :data:`USER_ERRORS` error raised while the subcommand runs (bad data read in
         ``setup``, a reward needing a missing column, a Trainer option the module refuses) reported as
-        :class:`CLIConfigError`."""
-        with self._config_errors(USER_ERRORS):
-            super()._run_subcommand(subcommand)
+        :class:`CLIConfigError`. A run that fails leaves no log folder it logged nothing into
+        (:func:`~lit_llm.lightning.run_folders.remove_unused_log_dirs`: Lightning makes ``csv/version_N`` before the
+        data module's ``setup``, where a bad data file is found)."""
+        try:
+            with self._config_errors(USER_ERRORS):
+                super()._run_subcommand(subcommand)
+        except BaseException:
+            trainer = getattr(self, "trainer", None)
+            if trainer is not None and trainer.is_global_zero:
+                remove_unused_log_dirs(trainer.loggers, root=trainer.default_root_dir,
+                                       root_existed=getattr(self, "_root_existed", True))
+            raise
 
     def instantiate_classes(self) -> None:
         """LightningCLI's, with a class's error reported as :class:`CLIConfigError`."""
@@ -386,6 +396,7 @@ class LitLLMCLI(LightningCLI):
         from lit_llm.lightning.export import check_writable_folder
         with self._config_errors():
             check_writable_folder(trainer_cfg.get("default_root_dir") or ".", "--trainer.default_root_dir")
+        self._root_existed = os.path.exists(trainer_cfg.get("default_root_dir") or ".")
         precision, line = explain_precision(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"))
         trainer_cfg["precision"] = precision
         rank_zero_only(print)(line, flush=True)
