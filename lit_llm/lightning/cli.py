@@ -74,7 +74,7 @@ from lit_llm.lightning.graceful_stop import stop_exit_code
 from lit_llm.lightning.module import PolicyModule, check_manual_optimization_options
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
-from lit_llm.lightning.resume_options import check_resume_options
+from lit_llm.lightning.resume_options import check_resume_options, check_run_options
 from lit_llm.lightning.run_folders import remove_unused_log_dirs
 
 __all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "USER_ERRORS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
@@ -186,9 +186,20 @@ def last_checkpoint(dirpath: str | os.PathLike) -> str | None:
     return max(found, key=os.path.getmtime) if found else None
 
 
+def _init_args(section: Any) -> dict[str, Any]:
+    """A ``model`` / ``data`` section's ``init_args`` as a dict (``{}`` when unset)."""
+    init = getattr(section, "init_args", None)
+    return {} if init is None else dict(vars(init))
+
+
 class LitLLMSaveConfig(SaveConfigCallback):
     """LightningCLI's ``config.yaml`` writer that also logs the precision the run uses as the ``precision``
-    hyperparameter of every logger (``hparams.yaml``, the W&B config)."""
+    hyperparameter of every logger (``hparams.yaml``, the W&B config), and records the run's ``seed_everything`` in
+    its checkpoints (``state_dict``: a resume with another seed is refused,
+    :func:`~lit_llm.lightning.resume_options.check_run_options`)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed_everything": self.config.get("seed_everything")}
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for logger in trainer.loggers:
@@ -256,24 +267,23 @@ class LitLLMCLI(LightningCLI):
             self._held_logs.release(emit=False)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """LightningCLI's, keeping the command line for :meth:`_given_model_options`."""
+        """LightningCLI's, keeping the command line for :meth:`_given_options`."""
         self._argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
         super().parse_arguments(parser, args)
 
-    def _given_model_options(self, subcommand: str) -> dict[str, Any] | None:
-        """The ``model.init_args`` options the user set (in ``--config`` files or on the command line, not the
-        defaults), parsed again without defaults; ``None`` when that parse fails (every option then counts as given)."""
+    def _given_options(self, subcommand: str) -> Any:
+        """The options the user set (in ``--config`` files or on the command line, not the defaults), parsed again
+        without defaults; the parsed config (every option counts as given) when that parse fails."""
+        config = self.config[subcommand]
         if self._argv is None:
-            return None
-        root = self.config[subcommand].get("trainer", {}).get("default_root_dir")
+            return config
+        root = config.get("trainer", {}).get("default_root_dir")
         argv = [*self._argv, "--trainer.default_root_dir", str(root or ".")]  # a link source must be present
         try:
             with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):  # a failure here is not the user's
-                given = self.parser.parse_args(argv, defaults=False)[subcommand]
+                return self.parser.parse_args(argv, defaults=False)[subcommand]
         except (SystemExit, Exception):  # noqa: BLE001
-            return None
-        init = given.get("model", {}).get("init_args") if hasattr(given.get("model"), "get") else None
-        return {} if init is None else dict(vars(init))
+            return config
 
     def _parse_ckpt_path(self) -> None:
         """Replaces LightningCLI's (which re-applies the checkpoint's hyperparameters over the command line).
@@ -319,10 +329,13 @@ class LitLLMCLI(LightningCLI):
         saved = check_checkpoint_file(ckpt_path, class_path, resumable=subcommand == "fit")
         if not saved or class_path is None:
             return
-        current = dict(vars(model.init_args)) if getattr(model, "init_args", None) is not None else {}
-        given = self._given_model_options(subcommand)
-        kept, applied = check_resume_options(saved, current if given is None else given, ckpt_path=ckpt_path)
+        current, given = _init_args(model), self._given_options(subcommand)
+        kept, applied = check_resume_options(saved, _init_args(given.get("model")), ckpt_path=ckpt_path)
         kept = {k: v for k, v in kept.items() if k in current and current[k] != v}
+        if subcommand == "fit":  # the data position and generator states are restored: data options and the seed
+            data = given.get("data")
+            applied += check_run_options(ckpt_path, {"seed_everything": given.get("seed_everything"), "data": {
+                "class_path": getattr(data, "class_path", None), "init_args": _init_args(data)}})
         if kept:
             self.config = self.parser.parse_object(
                 {subcommand: {"model": {"class_path": class_path, "init_args": kept}}}, self.config)
