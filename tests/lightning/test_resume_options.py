@@ -218,9 +218,9 @@ def _run_ckpt(path: Path, **data) -> Path:
     """The parts of an SFT ``lit-llm fit`` checkpoint the resume checks read (they refuse before the weights)."""
     torch.save({"state_dict": {}, "optimizer_states": [{}], "global_step": 2,
                 "hyper_parameters": {"_class_path": "lit_llm.lightning.SFTModule", "model": "tiny"},
-                "datamodule_hyper_parameters": {"_class_path": "lit_llm.lightning.SFTDataModule", "format": "arithmetic",
-                                                "num_samples": 8, "batch_size": 4, "max_length": 48,
-                                                "micro_batch_size": None, **data},
+                "datamodule_hyper_parameters": {"_class_path": "lit_llm.lightning.SFTDataModule",
+                                                "format": "arithmetic", "num_samples": 8, "batch_size": 4,
+                                                "max_length": 48, "micro_batch_size": None, **data},
                 "callbacks": {"LitLLMSaveConfig": {"seed_everything": 0}}}, path)
     return path
 
