@@ -103,6 +103,11 @@ def test_every_module_option_is_classified():
     for cls in (SFTModule, GRPOModule):
         options = set(inspect.signature(cls.__init__).parameters) - {"self", "optimizer", "lr_scheduler"}
         assert sorted(options - set(RESUME_OPTIONS)) == [], cls.__name__
+    from lit_llm.lightning.grpo_data import GRPODataModule
+
+    for cls in (SFTDataModule, GRPODataModule):  # the data options too (item 8)
+        options = {f"data.{k}" for k in inspect.signature(cls.__init__).parameters} - {"data.self"}
+        assert sorted(options - set(RESUME_OPTIONS)) == [], cls.__name__
     assert {k for k, (policy, _) in RESUME_OPTIONS.items() if policy == "refused"} >= {
         "model", "loss", "num_generations", "loss_type", "use_peft", "lora_r", "lora_alpha", "lora_target_modules"}
     assert {k for k, (policy, _) in RESUME_OPTIONS.items() if policy == "applied"} >= {
