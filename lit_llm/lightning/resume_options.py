@@ -236,6 +236,10 @@ def saved_run_options(ckpt_path: str | os.PathLike) -> dict[str, Any]:
     return out
 
 
+#: SFTDataModule's deprecated aliases (its hyper-parameters hold the value under the new name).
+_DATA_ALIASES = {"val_path": "eval_path", "val_fraction": "eval_fraction", "val_limit": "eval_limit"}
+
+
 def check_run_options(ckpt_path: str | os.PathLike, given: Mapping[str, Any]) -> list[str]:
     """:func:`check_resume_options` for the options of a ``fit`` resume outside the module: ``given`` holds the
     user's ``"data"`` options (``data.init_args.*``; a data module of another class is not compared) and
@@ -255,7 +259,10 @@ def check_run_options(ckpt_path: str | os.PathLike, given: Mapping[str, Any]) ->
     data, old = given.get("data") or {}, saved.get("data") or {}
     same_class = str(old.get("_class_path", "")).rpartition(".")[2] == str(data.get("class_path", "")).rpartition(
         ".")[2]
-    init = data.get("init_args") or {}
+    init = dict(data.get("init_args") or {})
+    for alias, name in _DATA_ALIASES.items():  # a deprecated alias is saved under its new name
+        if init.get(alias) is not None and name not in init:
+            init[name] = init.pop(alias)
     if not old or not same_class or not init:
         return []
-    return check_resume_options(old, dict(init), ckpt_path=ckpt_path, prefix="data.init_args.", table="data.")[1]
+    return check_resume_options(old, init, ckpt_path=ckpt_path, prefix="data.init_args.", table="data.")[1]

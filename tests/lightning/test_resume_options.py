@@ -259,6 +259,9 @@ def test_run_options_applied_not_given_or_of_another_class(tmp_path):
     data = {"class_path": "lit_llm.lightning.SFTDataModule", "init_args": {"batch_size": 4, "micro_batch_size": 2}}
     assert check_run_options(ckpt, {"data": data, "seed_everything": True}) == [  # true: a random seed, not compared
         "data.init_args.micro_batch_size: 2 (the checkpoint's: None)"]
+    alias = {"class_path": "lit_llm.lightning.SFTDataModule", "init_args": {"val_limit": 2}}  # deprecated name
+    ckpt = _run_ckpt(tmp_path / "eval.ckpt", eval_limit=2, val_limit=None)
+    assert check_run_options(ckpt, {"data": alias}) == []
     other = {"class_path": "my.DataModule", "init_args": {"batch_size": 2}}
     assert check_run_options(ckpt, {"data": other, "seed_everything": None}) == []
 
