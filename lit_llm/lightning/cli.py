@@ -296,7 +296,8 @@ class LitLLMCLI(LightningCLI):
         non-checkpoint or weights-only file (``fit``) or another module's checkpoint, before Lightning reads it);
         then the module options the user gave that differ from the checkpoint's are applied or refused
         (:func:`~lit_llm.lightning.resume_options.check_resume_options`, one line per applied option), and the
-        options not given take the checkpoint's values.
+        options not given take the checkpoint's values; ``fit`` compares the data options and ``seed_everything``
+        too (:func:`~lit_llm.lightning.resume_options.check_run_options`).
 
         Raises:
             CheckpointFileError, ResumeOptionError, FileNotFoundError: one-line messages naming the path / option
