@@ -33,6 +33,8 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from lit_llm.cli_config_files import in_config_file
+
 __all__ = ["DEBUG_ENV", "CLIConfigError", "OneLineErrors", "allowed_values", "debug_enabled", "explain_config_error",
            "explain_parse_error", "near"]
 
@@ -51,14 +53,31 @@ class OneLineErrors:
 
     error_prefix = "lit-llm"
 
+    def parse_args(self, args: Sequence[str] | None = None, *more: Any, **kwargs: Any) -> Any:
+        """The parser's own, keeping the command line (for :func:`in_config_file`)."""
+        self._command_line = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
+        return super().parse_args(args, *more, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or debug_enabled():
             super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
+        command_line = getattr(self, "_command_line", None) or ()
+        parser = getattr(ex, "subcommand_parser", None) or _subcommand_parser(self, command_line)
         prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"{self.error_prefix}: error: {explain_parse_error(message, parser)}\n"
+        line = in_config_file(explain_parse_error(message, parser), command_line)
+        sys.stderr.write(f"{self.error_prefix}: error: {line}\n"
                          f"  (`{prog} --help` lists the options; {DEBUG_ENV}=1 shows the parser's full message)\n")
         self.exit(2)
+
+
+def _subcommand_parser(parser: Any, command_line: Sequence[str]) -> Any:
+    """The parser of the subcommand named on ``command_line`` (``fit``), else ``parser``: a config file's unknown key
+    is reported by the root parser (``--print_config``), whose own options do not hold the subcommand's."""
+    for action in getattr(parser, "_actions", []):
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict):
+            return next((choices[a] for a in command_line if a in choices), parser)
+    return parser
 
 
 class CLIConfigError(ValueError):
@@ -192,6 +211,10 @@ def _given(lines: Sequence[str]) -> str | None:
         m = re.search(r"Given value: (.*?)\. Got value: ", line) or re.search(r"Got value: (.*)$", line)
         if m and "Namespace(" not in m.group(1):
             return m.group(1).strip()
+    for line in lines:  # a value from a config file: "Given value: dapo2" (not a mapping)
+        m = re.match(r"\s*Given value: ([^{\[(]*)$", line)
+        if m and not m.group(1).startswith(("NestedArg", "Namespace")):
+            return m.group(1).strip()
     return None
 
 
@@ -252,6 +275,10 @@ def explain_parse_error(message: str, parser: Any = None) -> str:
     m = re.match(r"unrecognized arguments: (.*)$", message.strip())
     if m:
         return _unknown_options(m.group(1), parser)
+    m = (re.match(r"(?:Subcommand '[^']+'|Group '([^']+)') does not accept option '([^']+)'$", message.strip())
+         or re.match(r"()Option '([^']+)' is not accepted$", message.strip()))
+    if m:  # an unknown key in a --config file
+        return _unknown_options("--" + ".".join(k for k in m.groups() if k), parser)
     m = re.match(r"the following arguments are required: (.*)$", message.strip())
     if m:
         known = set(_option_strings(parser))
@@ -285,15 +312,9 @@ def explain_parse_error(message: str, parser: Any = None) -> str:
     except Exception:
         cls = None
     name = cls_path.rpartition(".")[2]
-    unknown = next((re.search(r"Option '([^']+)' is not accepted", x) for x in lines[cls_i:]
-                    if "is not accepted" in x), None)
-    if unknown:
-        arg = unknown.group(1)
-        options = _class_options(cls) if cls is not None else []
-        close = near(arg, options, n=1)
-        tail = (f" (did you mean --{key}.init_args.{close[0]}?)" if close
-                else f"; its options: {', '.join(options)}" if options else "")
-        return f"--{key}.init_args.{arg}: {name} has no option {arg}" + tail
+    unknown_i = next((i for i in range(cls_i, len(lines)) if "is not accepted" in lines[i]), None)
+    if unknown_i is not None:
+        return _unknown_class_option(key, cls, name, lines[cls_i + 1:unknown_i + 1])
     inner = [(i, m.group(1)) for i in range(cls_i + 1, len(lines))
              for m in re.finditer(r'Parser key "([^"]+)"', lines[i])]
     if not inner:
@@ -307,6 +328,43 @@ def explain_parse_error(message: str, parser: Any = None) -> str:
     hint = _param_hint(cls, args[0]) if cls is not None and len(args) == 1 and "." not in args[0] else None
     option = f"--{key}.init_args." + ".init_args.".join(args)
     return _value_message(option, _given(body) or given, hint, _detail(body))
+
+
+def _nested_options(cls: type) -> dict[str, str]:
+    """``{name: dotted option}`` of ``cls`` (a module) for a near match: its own options, then those of its default
+    optimizer class as ``optimizer.init_args.<name>`` (``lr`` is an optimizer option, not a module one)."""
+    options = {o: o for o in _class_options(cls)}
+    try:
+        optimizer = inspect.signature(cls).parameters.get("optimizer")
+    except (TypeError, ValueError):
+        optimizer = None
+    if optimizer is not None and isinstance(optimizer.default, type):
+        for o in _class_options(optimizer.default):
+            options.setdefault(o, f"optimizer.init_args.{o}")
+    return options
+
+
+def _unknown_class_option(key: str, cls: type | None, name: str, lines: Sequence[str]) -> str:
+    """``--model.init_args.optimizer.init_args.lrr: AdamW has no option lrr (did you mean ...lr?)``: ``lines`` are
+    jsonargparse's from the class_path problem to the ``Option 'x' is not accepted`` line; the parser keys between
+    them are the nested options (a class_path in an init argument) the unknown one is under."""
+    arg = re.search(r"Option '([^']+)' is not accepted", lines[-1]).group(1)
+    inner = [m.group(1) for line in lines for m in re.finditer(r'Parser key "([^"]+)"', line)]
+    prefix = f"--{key}.init_args." + "".join(f"{k}.init_args." for k in inner)
+    if inner:  # the class is the nested one: Got value: Namespace(class_path='torch.optim.AdamW', ...)
+        m = re.search(r"class_path='([^']+)'", lines[-1])
+        try:
+            cls = _import(m.group(1)) if m else None
+        except Exception:
+            cls = None
+        name = m.group(1).rpartition(".")[2] if m else inner[-1]
+        options = {o: o for o in _class_options(cls)} if cls is not None else {}
+    else:
+        options = _nested_options(cls) if cls is not None else {}
+    close = near(arg, options, n=1)
+    tail = (f" (did you mean {prefix}{options[close[0]]}?)" if close
+            else f"; its options: {', '.join(options)}" if options else "")
+    return f"{prefix}{arg}: {name} has no option {arg}" + tail
 
 
 def _value_message(option: str, given: str | None, hint: Any, detail: str) -> str:

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "lit_llm"
 
 #: The layers, top (imported by every other) to bottom; a module's layer is its first-level package or file name.
 LAYERS = [
-    {"imports", "models", "cli_errors", "cli_front", "plot"},
+    {"imports", "models", "cli_config_files", "cli_errors", "cli_front", "plot"},
     {"data"},
     {"distributions"},
     {"policy"},

@@ -41,7 +41,8 @@ __all__ = [
     "CHAT_TEMPLATE_ALIASES", "CHAT_TEMPLATE_FILES", "CONTINUATION_ANCHOR", "STANDARD_TEMPLATE_VARIABLES",
     "STOP_STRINGS", "Renderer", "add_chat_template", "canonical_template_name", "chat_template_names",
     "chat_templates_dir", "check_template_kwargs", "detect_template_name", "get_chat_template",
-    "render_continuation", "resolve_template", "set_chat_template", "template_takes_tools", "template_variables",
+    "loop_variables", "render_continuation", "resolve_template", "set_chat_template", "template_takes_tools",
+    "template_variables",
 ]
 
 # Names other modules import (kept so they keep working).
@@ -58,6 +59,25 @@ def template_takes_tools(template: str) -> bool:
     return "tools" in template_variables(template)
 
 
+def _parse_template(template: str) -> Any:
+    """The jinja2 AST of a chat template (transformers' ``{% generation %}`` tags removed).
+
+    Raises:
+        ChatTemplateError: the template is not valid Jinja.
+    """
+    import re
+
+    from jinja2 import TemplateSyntaxError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    text = re.sub(r"\{%-?\s*(end)?generation\s*-?%\}", "", template)  # transformers' extension tags
+    try:
+        return ImmutableSandboxedEnvironment(extensions=[loopcontrols]).parse(text)
+    except TemplateSyntaxError as e:
+        raise ChatTemplateError(f"chat template is not valid Jinja: {e}") from e
+
+
 def template_variables(template: str) -> set[str]:
     """The variables a Jinja chat template reads from its context (jinja2's ``meta.find_undeclared_variables``:
     every name read before the template sets it, e.g. ``{"messages", "add_generation_prompt", "enable_thinking"}``
@@ -66,18 +86,41 @@ def template_variables(template: str) -> set[str]:
     Raises:
         ChatTemplateError: the template is not valid Jinja.
     """
-    import re
+    from jinja2 import meta
 
-    from jinja2 import TemplateSyntaxError, meta
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    return set(meta.find_undeclared_variables(_parse_template(template)))
 
-    text = re.sub(r"\{%-?\s*(end)?generation\s*-?%\}", "", template)  # transformers' extension tags
-    try:
-        ast = ImmutableSandboxedEnvironment(extensions=[loopcontrols]).parse(text)
-    except TemplateSyntaxError as e:
-        raise ChatTemplateError(f"chat template is not valid Jinja: {e}") from e
-    return set(meta.find_undeclared_variables(ast))
+
+def loop_variables(template: str) -> set[str]:
+    """The names a chat template binds for each message itself: ``for`` targets (``message``), ``loop``, and
+    variables ``set`` only inside a ``for`` body (Qwen3's ``content`` / ``reasoning_content``). jinja2 counts the
+    latter as read from the context (an iteration may read it before its ``set``), but they are the template's
+    per-message scratch, not options a user passes; a variable also set outside any loop (``{% if not date_string
+    is defined %}{% set date_string = ... %}``) is a real option and is not among them.
+
+    Raises:
+        ChatTemplateError: the template is not valid Jinja.
+    """
+    from jinja2 import nodes
+
+    ast = _parse_template(template)
+
+    def stored(node: Any) -> set[str]:
+        return {n.name for n in [node, *node.find_all(nodes.Name)]
+                if isinstance(n, nodes.Name) and n.ctx in ("store", "param")}
+
+    in_loops: set[str] = {"loop"}
+    inside: set[int] = set()
+    for loop in ast.find_all(nodes.For):
+        in_loops |= stored(loop.target)
+        for body in (*loop.body, *loop.else_):
+            for assign in [body, *body.find_all((nodes.Assign, nodes.AssignBlock))]:
+                if isinstance(assign, (nodes.Assign, nodes.AssignBlock)):
+                    in_loops |= stored(assign.target)
+                    inside.add(id(assign))
+    outside = set().union(*[stored(a.target) for a in ast.find_all((nodes.Assign, nodes.AssignBlock))
+                            if id(a) not in inside])
+    return in_loops - outside
 
 
 #: What every render gives a template besides ``chat_template_kwargs``: transformers' own arguments and globals
@@ -110,7 +153,7 @@ def check_template_kwargs(template: str, kwargs: Mapping[str, Any], *, template_
     if not kwargs:
         return
     reads = template_variables(template)
-    own = sorted(reads - STANDARD_TEMPLATE_VARIABLES)
+    own = sorted(reads - STANDARD_TEMPLATE_VARIABLES - loop_variables(template))
     unread = [k for k in kwargs if k not in reads and k not in STANDARD_TEMPLATE_VARIABLES]
     if not unread:
         return

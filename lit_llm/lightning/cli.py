@@ -50,6 +50,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import signal
 import sys
 import warnings
@@ -62,7 +63,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 import lit_llm.lightning.grpo  # noqa: F401  (registers GRPOModule among PolicyModule's subclasses: --model.help)
 from lit_llm.cli_errors import CLIConfigError, OneLineErrors, debug_enabled, explain_config_error
@@ -73,7 +74,8 @@ from lit_llm.lightning.graceful_stop import stop_exit_code
 from lit_llm.lightning.module import PolicyModule, check_manual_optimization_options
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
-from lit_llm.lightning.resume_options import check_resume_options
+from lit_llm.lightning.resume_options import check_resume_options, check_run_options
+from lit_llm.lightning.run_folders import remove_unused_log_dirs
 
 __all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "USER_ERRORS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
            "checkpoint_dir", "default_loggers", "last_checkpoint", "main", "route_optimizer_options",
@@ -169,18 +171,35 @@ def route_optimizer_options(config: Any) -> None:
         config[key] = None
 
 
+#: The names ``--ckpt_path last`` resumes from (Lightning's ``CHECKPOINT_NAME_LAST``, its version suffix).
+LAST_NAME = re.compile(rf"{re.escape(StepCheckpoint.CHECKPOINT_NAME_LAST)}(-v?\d+)?"
+                       rf"{re.escape(StepCheckpoint.FILE_EXTENSION)}")
+
+
 def last_checkpoint(dirpath: str | os.PathLike) -> str | None:
-    """The file ``--ckpt_path last`` resumes from: the newest ``last*.ckpt`` in ``dirpath`` (as Lightning's
-    ``ModelCheckpoint`` finds it), ``None`` when there is none."""
+    """The file ``--ckpt_path last`` resumes from: the newest of ``last.ckpt`` / ``last-vN.ckpt`` / ``last-N.ckpt`` in
+    ``dirpath`` (Lightning's ``ModelCheckpoint`` names, :data:`LAST_NAME`), ``None`` when there is none
+    (``step=3-last.ckpt`` or ``blast.ckpt`` are not one)."""
     if not os.path.isdir(dirpath):
         return None
-    found = [os.path.join(dirpath, n) for n in os.listdir(dirpath) if "last" in n and n.endswith(".ckpt")]
+    found = [os.path.join(dirpath, n) for n in os.listdir(dirpath) if LAST_NAME.fullmatch(n)]
     return max(found, key=os.path.getmtime) if found else None
+
+
+def _init_args(section: Any) -> dict[str, Any]:
+    """A ``model`` / ``data`` section's ``init_args`` as a dict (``{}`` when unset)."""
+    init = getattr(section, "init_args", None)
+    return {} if init is None else dict(vars(init))
 
 
 class LitLLMSaveConfig(SaveConfigCallback):
     """LightningCLI's ``config.yaml`` writer that also logs the precision the run uses as the ``precision``
-    hyperparameter of every logger (``hparams.yaml``, the W&B config)."""
+    hyperparameter of every logger (``hparams.yaml``, the W&B config), and records the run's ``seed_everything`` in
+    its checkpoints (``state_dict``: a resume with another seed is refused,
+    :func:`~lit_llm.lightning.resume_options.check_run_options`)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed_everything": self.config.get("seed_everything")}
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for logger in trainer.loggers:
@@ -248,37 +267,41 @@ class LitLLMCLI(LightningCLI):
             self._held_logs.release(emit=False)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """LightningCLI's, keeping the command line for :meth:`_given_model_options`."""
+        """LightningCLI's, keeping the command line for :meth:`_given_options`."""
         self._argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
         super().parse_arguments(parser, args)
 
-    def _given_model_options(self, subcommand: str) -> dict[str, Any] | None:
-        """The ``model.init_args`` options the user set (in ``--config`` files or on the command line, not the
-        defaults), parsed again without defaults; ``None`` when that parse fails (every option then counts as given)."""
+    def _given_options(self, subcommand: str) -> Any:
+        """The options the user set (in ``--config`` files or on the command line, not the defaults), parsed again
+        without defaults; the parsed config (every option counts as given) when that parse fails."""
+        config = self.config[subcommand]
         if self._argv is None:
-            return None
-        root = self.config[subcommand].get("trainer", {}).get("default_root_dir")
+            return config
+        root = config.get("trainer", {}).get("default_root_dir")
         argv = [*self._argv, "--trainer.default_root_dir", str(root or ".")]  # a link source must be present
         try:
             with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):  # a failure here is not the user's
-                given = self.parser.parse_args(argv, defaults=False)[subcommand]
+                return self.parser.parse_args(argv, defaults=False)[subcommand]
         except (SystemExit, Exception):  # noqa: BLE001
-            return None
-        init = given.get("model", {}).get("init_args") if hasattr(given.get("model"), "get") else None
-        return {} if init is None else dict(vars(init))
+            return config
 
     def _parse_ckpt_path(self) -> None:
         """Replaces LightningCLI's (which re-applies the checkpoint's hyperparameters over the command line).
 
-        ``--ckpt_path FILE`` and ``--ckpt_path last`` (the newest ``last*.ckpt`` under ``checkpoint.dirpath``):
-        the file is checked first (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file`: one line for an
-        empty, truncated, non-checkpoint or weights-only file (``fit``) or another module's checkpoint, before
-        Lightning reads it); then the module options the user gave that differ from the checkpoint's are applied or
-        refused (:func:`~lit_llm.lightning.resume_options.check_resume_options`, one line per applied option), and
-        the options not given take the checkpoint's values.
+        ``--ckpt_path FILE`` and ``--ckpt_path last`` (the newest ``last.ckpt`` / ``last-vN.ckpt`` under
+        ``checkpoint.dirpath``, :func:`last_checkpoint`, written back into the config: the file that runs is the one
+        checked; when there is none, ``fit`` warns in one line that it starts a new run from step 0, as Lightning
+        does, and ``validate`` is an error): the file is checked first
+        (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file`: one line for an empty, truncated,
+        non-checkpoint or weights-only file (``fit``) or another module's checkpoint, before Lightning reads it);
+        then the module options the user gave that differ from the checkpoint's are applied or refused
+        (:func:`~lit_llm.lightning.resume_options.check_resume_options`, one line per applied option), and the
+        options not given take the checkpoint's values; ``fit`` compares the data options and ``seed_everything``
+        too (:func:`~lit_llm.lightning.resume_options.check_run_options`).
 
         Raises:
-            CheckpointFileError, ResumeOptionError, FileNotFoundError: one-line messages naming the path / option.
+            CheckpointFileError, ResumeOptionError, FileNotFoundError: one-line messages naming the path / option
+                (``FileNotFoundError``: ``validate --ckpt_path last`` and no ``last.ckpt``).
         """
         subcommand = self.config.get("subcommand")
         if not subcommand:
@@ -290,6 +313,14 @@ class LitLLMCLI(LightningCLI):
             dirpath = (config.get("checkpoint") or {}).get("dirpath") or checkpoint_dir(
                 trainer_cfg.get("default_root_dir"))
             ckpt_path = last_checkpoint(dirpath)
+            if ckpt_path is None and subcommand != "fit":
+                raise FileNotFoundError(f"--ckpt_path last: no last.ckpt in {dirpath}, so there is no checkpoint to "
+                                        f"{subcommand}; give --ckpt_path FILE, or the --trainer.default_root_dir of "
+                                        f"the run that wrote it.")
+            if ckpt_path is None:  # Lightning's rule (a requeued job passes `last` from its first run): fit starts
+                rank_zero_warn(f"--ckpt_path last: no last.ckpt in {dirpath}, so this fit starts a new run from step "
+                               f"0 (to resume another run give its --trainer.default_root_dir or --ckpt_path FILE)")
+            config["ckpt_path"] = ckpt_path  # what runs is the file checked here (None: Lightning's hint not repeated)
         elif ckpt_path in ("best", "hpc", "registry") or (ckpt_path and str(ckpt_path).startswith("registry:")):
             return  # Lightning's own lookups
         if not ckpt_path:
@@ -299,10 +330,13 @@ class LitLLMCLI(LightningCLI):
         saved = check_checkpoint_file(ckpt_path, class_path, resumable=subcommand == "fit")
         if not saved or class_path is None:
             return
-        current = dict(vars(model.init_args)) if getattr(model, "init_args", None) is not None else {}
-        given = self._given_model_options(subcommand)
-        kept, applied = check_resume_options(saved, current if given is None else given, ckpt_path=ckpt_path)
+        current, given = _init_args(model), self._given_options(subcommand)
+        kept, applied = check_resume_options(saved, _init_args(given.get("model")), ckpt_path=ckpt_path)
         kept = {k: v for k, v in kept.items() if k in current and current[k] != v}
+        if subcommand == "fit":  # the data position and generator states are restored: data options and the seed
+            data = given.get("data")
+            applied += check_run_options(ckpt_path, {"seed_everything": given.get("seed_everything"), "data": {
+                "class_path": getattr(data, "class_path", None), "init_args": _init_args(data)}})
         if kept:
             self.config = self.parser.parse_object(
                 {subcommand: {"model": {"class_path": class_path, "init_args": kept}}}, self.config)
@@ -329,9 +363,18 @@ class LitLLMCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         """LightningCLI's, with a :data:`USER_ERRORS` error raised while the subcommand runs (bad data read in
         ``setup``, a reward needing a missing column, a Trainer option the module refuses) reported as
-        :class:`CLIConfigError`."""
-        with self._config_errors(USER_ERRORS):
-            super()._run_subcommand(subcommand)
+        :class:`CLIConfigError`. A run that fails leaves no log folder it logged nothing into
+        (:func:`~lit_llm.lightning.run_folders.remove_unused_log_dirs`: Lightning makes ``csv/version_N`` before the
+        data module's ``setup``, where a bad data file is found)."""
+        try:
+            with self._config_errors(USER_ERRORS):
+                super()._run_subcommand(subcommand)
+        except BaseException:
+            trainer = getattr(self, "trainer", None)
+            if trainer is not None and trainer.is_global_zero:
+                remove_unused_log_dirs(trainer.loggers, root=trainer.default_root_dir,
+                                       root_existed=getattr(self, "_root_existed", True))
+            raise
 
     def instantiate_classes(self) -> None:
         """LightningCLI's, with a class's error reported as :class:`CLIConfigError`."""
@@ -367,6 +410,7 @@ class LitLLMCLI(LightningCLI):
         from lit_llm.lightning.export import check_writable_folder
         with self._config_errors():
             check_writable_folder(trainer_cfg.get("default_root_dir") or ".", "--trainer.default_root_dir")
+        self._root_existed = os.path.exists(trainer_cfg.get("default_root_dir") or ".")
         precision, line = explain_precision(trainer_cfg.get("precision"), trainer_cfg.get("accelerator"))
         trainer_cfg["precision"] = precision
         rank_zero_only(print)(line, flush=True)

@@ -102,6 +102,7 @@ def check_export_target(ckpt_path: str | os.PathLike, out: str | os.PathLike, *,
             named).
         FileExistsError: ``out`` holds a previous export (or is empty) and ``overwrite`` is False.
         NotADirectoryError: ``out`` is, or is under, a regular file.
+        OSError: no folder can be created where ``out`` goes (``/proc/x``, a read-only mount): ``--out`` named.
     """
     who = "lit-llm export"
     ckpt = Path(ckpt_path).expanduser()
@@ -117,6 +118,7 @@ def check_export_target(ckpt_path: str | os.PathLike, out: str | os.PathLike, *,
         raise ValueError(f"{who}: --out {shown!r} is inside the checkpoint folder {str(ckpt_dir)!r} of --ckpt_path "
                          f"{ckpt_shown!r}; refused even with --overwrite. Fix: {fix}.")
     check_writable_folder(target, "--out", who)
+    _probe_writable(target, shown, who)
     if not target.exists():
         return
     is_export, foreign = export_contents(target)
@@ -139,6 +141,22 @@ def check_export_target(ckpt_path: str | os.PathLike, out: str | os.PathLike, *,
         held = "exists (empty)" if empty else "holds a previous export"
         raise FileExistsError(f"{who}: --out {shown!r} {held}; choose another --out or pass --overwrite true to "
                               f"replace it.")
+
+
+def _probe_writable(target: Path, shown: str, who: str) -> None:
+    """Make and remove an empty folder where the export's temporary sibling will go (the nearest existing folder
+    above ``target``), so that a place nobody can write (``/proc``, a read-only mount, another user's folder) is
+    named as ``--out`` before the checkpoint is loaded, not as the hidden temporary path.
+
+    Raises:
+        OSError: the folder cannot be written (the message names ``--out``, the folder and the reason).
+    """
+    base = next(p for p in (target.parent, *target.parent.parents) if p.exists())
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{target.name}.probe-", dir=base))
+    except OSError as e:
+        raise OSError(f"{who}: --out {shown!r}: cannot create a folder in {str(base)!r} ({e.strerror or e}); "
+                      f"choose an --out you can write to.") from None
 
 
 def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> Path:
@@ -171,6 +189,7 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
             file (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file`).
         FileExistsError: ``out`` holds a previous export (or is an empty folder) and ``overwrite`` is False.
         NotADirectoryError: ``out`` is, or is under, a regular file.
+        OSError: ``out``'s place cannot be written, or writing the export failed (disk full): ``--out`` named.
         ValueError: ``out`` is, contains or sits in the checkpoint folder of the checkpoint's run folder; ``out``
             exists and is not a previous export; the checkpoint's module class is not a ``PolicyModule``; a LoRA
             checkpoint whose base model changed since training (see :func:`load_checkpoint_module`).
@@ -183,16 +202,22 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out: str | os.PathLike, *, o
     model = module.model
     if callable(getattr(model, "merge_and_unload", None)):  # LoRA: a plain HF model with the adapters folded in
         model = model.merge_and_unload()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         model.save_pretrained(tmp, safe_serialization=True)
         module.tokenizer.save_pretrained(tmp)
         _umask_permissions(tmp)
         check_export_target(ckpt, target, overwrite=overwrite)  # nothing foreign arrived meanwhile
         _move_into_place(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and not str(e).startswith("lit-llm export: "):  # the user's --out, not the tmp
+            raise OSError(f"lit-llm export: --out {str(target.absolute())!r}: writing the export failed "
+                          f"({e.strerror or e}); nothing was left there (a previous export is kept). Fix: free "
+                          f"space or choose an --out you can write to.") from e
         raise
     return target
 
@@ -302,7 +327,8 @@ def load_inference_policy(name_or_path: str | os.PathLike, *, device: str = "cpu
     ``device`` (``"auto"``: CUDA when available, else the CPU).
 
     Raises:
-        FileNotFoundError: a missing checkpoint or an unknown model (the message names ``option``).
+        FileNotFoundError: a missing checkpoint, a path-like name that does not exist (``runs/nope``: "no such
+            folder", not a Hub download hint) or an unknown model (the message names ``option``).
         ValueError: a checkpoint not written by a ``PolicyModule``.
     """
     if str(name_or_path).endswith(".ckpt"):
@@ -311,6 +337,7 @@ def load_inference_policy(name_or_path: str | os.PathLike, *, device: str = "cpu
     else:
         from lit_llm.lightning.module import load_policy_model
 
+        _check_path_like(str(name_or_path), who, option)
         policy = InferencePolicy(*load_policy_model(str(name_or_path)))
     import torch
 
@@ -318,6 +345,27 @@ def load_inference_policy(name_or_path: str | os.PathLike, *, device: str = "cpu
         device = "cuda" if torch.cuda.is_available() else "cpu"
     policy.model.to(device).eval()
     return policy
+
+
+def _check_path_like(name: str, who: str, option: str) -> None:
+    """Refuse a model given as a path that does not exist (``runs/nope``, ``./hf``, ``/abs/x``, ``~/m``), before
+    :func:`~lit_llm.models.load_model` would take it for a Hub id ("not in the HF cache, `hf download runs/nope`").
+    Path-like: absolute, starting with ``.`` or ``~``, two or more ``/``, or a first component that is a folder here
+    (``runs/`` exists); ``org/name`` with no local ``org/`` stays a Hub id.
+
+    Raises:
+        FileNotFoundError: the path does not exist (the message names it, the nearest existing folder and the fix).
+    """
+    path = Path(name).expanduser()
+    parts = Path(name).parts
+    path_like = (path.is_absolute() or name.startswith((".", "~")) or name.count("/") >= 2 or os.sep != "/"
+                 and os.sep in name or (len(parts) > 1 and Path(parts[0]).is_dir()))
+    if not path_like or path.exists():
+        return
+    base = next((p for p in path.absolute().parents if p.is_dir()), None)
+    raise FileNotFoundError(f"{who}: {option} {name!r}: no such folder ({str(path.absolute())!r} does not exist; "
+                            f"{str(base)!r} does). Give a folder written by lit-llm export, a .ckpt written by "
+                            f"lit-llm fit, or a model name / Hub id.")
 
 
 def _module_class(ckpt: Path) -> type:

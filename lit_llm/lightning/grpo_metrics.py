@@ -7,6 +7,7 @@ Sums are kept per micro-batch (token-weighted) and divided once per batch; the r
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -121,6 +122,10 @@ def rollout_metrics(module: Any, rollout: RolloutBatch, *, staleness: int, wait_
     under DDP); times, throughput and dynamic sampling's rounds are this rank's. With a ``reward_timeout``,
     ``train/rewards/<name>/timeouts``: the reward-function calls abandoned since the previous step's log, all ranks
     (:meth:`~lit_llm.rewards.RewardFunctions.take_timeouts`; an asynchronous producer's calls included).
+    ``train/reward`` / ``train/reward_std`` are over the rows at least one reward function scored: a row every function
+    left ``None`` (all its calls timed out) totals 0 in training (TRL's rule) but is not logged as a reward of 0; when
+    no row was scored they are NaN (and the timeouts say why), as ``train/rewards/<name>/mean`` / ``std`` are for a
+    function that scored no row.
 
     Args:
         module: the :class:`~lit_llm.lightning.grpo.GRPOModule` (its trainer, device, ``all_gather``, counters and
@@ -141,9 +146,11 @@ def rollout_metrics(module: Any, rollout: RolloutBatch, *, staleness: int, wait_
     if module.trainer.world_size > 1:
         cols = module.all_gather(cols).reshape(-1, cols.shape[1])
     rewards, lengths, truncated = cols[:, 0], cols[:, 1], cols[:, 2]
-    gen_time = float(rollout.generation_time)
+    scored = rewards[~cols[:, 3:3 + len(names)].isnan().all(1)] if names else rewards  # a row no function scored
+    gen_time = float(rollout.generation_time)  # (every call timed out) totals 0 but is not a reward of 0: left out
     log: dict[str, Tensor | float] = {
-        "train/reward": rewards.mean(), "train/reward_std": rewards.std() if rewards.numel() > 1 else 0.0,
+        "train/reward": scored.mean() if scored.numel() else math.nan,
+        "train/reward_std": scored.std() if scored.numel() > 1 else 0.0 if scored.numel() else math.nan,
         "train/frac_reward_zero_std": cols[:, -1].mean(),  # every rank holds the same number of groups
         "train/completions/mean_length": lengths.mean(), "train/completions/min_length": lengths.min(),
         "train/completions/max_length": lengths.max(),
@@ -164,7 +171,7 @@ def rollout_metrics(module: Any, rollout: RolloutBatch, *, staleness: int, wait_
         values = cols[:, 3 + j]
         log[f"train/rewards/{name}/mean"] = values.nanmean()
         finite = values[~values.isnan()]
-        log[f"train/rewards/{name}/std"] = finite.std() if finite.numel() > 1 else 0.0
+        log[f"train/rewards/{name}/std"] = finite.std() if finite.numel() > 1 else 0.0 if finite.numel() else math.nan
     for j, name in enumerate(timeouts):  # summed over ranks
         log[f"train/rewards/{name}/timeouts"] = cols[:, 3 + len(names) + j].sum()
     if rollout.episodes is not None:  # multi-turn episodes: their own statistics (same rank order as cols)

@@ -24,7 +24,7 @@ from lit_llm.lightning.episode_metrics import EPISODE_EVAL_METRICS
 from lit_llm.objectives.grpo import GRPOObjective
 from lit_llm.objectives.loss_types import Cispo
 from lit_llm.policy.vllm_engine import check_vllm_installed
-from lit_llm.rewards import RewardError, RewardFunctions
+from lit_llm.rewards import RewardError, RewardFunctions, resolve_reward
 from lit_llm.rollouts.engine import RESERVED_KEYS
 from lit_llm.rollouts.settings import DEFAULT_ENV_TIMEOUT, EpisodeSettings, RolloutSettings, check_timeout
 from lit_llm.rollouts.vllm_colocate import VLLMRollouts, VLLMSettings, check_vllm_sampling
@@ -106,7 +106,8 @@ def build_rewards(reward_funcs: Sequence[RewardSpec] | None, reward_weights: lis
     ``reward_funcs`` ``None`` means :data:`DEFAULT_REWARDS` without an environment, none with one.
 
     Raises:
-        RewardError: ``reward_weights`` of another length than ``reward_funcs``; a spec that does not resolve.
+        RewardError: a spec that does not resolve (checked first); ``reward_weights`` of another length than
+            ``reward_funcs``.
         ValueError: ``reward_weights`` without ``reward_funcs`` with an environment; an evaluation function named as
             an episode evaluation metric; a ``reward_timeout`` that is not a number > 0 or ``None``.
     """
@@ -117,11 +118,12 @@ def build_rewards(reward_funcs: Sequence[RewardSpec] | None, reward_weights: lis
     null_weights = ("a config that sets reward_weights keeps them when reward_funcs is changed on the command "
                     "line: pass --model.init_args.reward_weights null too (all weights 1), or one weight per "
                     "function")
-    if reward_weights is not None and list(reward_funcs) and len(reward_weights) != len(reward_funcs):
+    funcs = [resolve_reward(f) for f in reward_funcs]  # an unknown name is told before a weights mismatch
+    if reward_weights is not None and funcs and len(reward_weights) != len(funcs):
         raise RewardError(f"GRPOModule: reward_weights {list(reward_weights)} has {len(reward_weights)} entries "
                           f"but reward_funcs {list(reward_funcs)} has {len(reward_funcs)}; {null_weights}.")
     if not with_environment or list(reward_funcs):
-        rewards: RewardFunctions | None = RewardFunctions(list(reward_funcs), reward_weights, timeout=reward_timeout)
+        rewards: RewardFunctions | None = RewardFunctions(funcs, reward_weights, timeout=reward_timeout)
     else:  # the environment's reward alone
         if reward_weights:
             raise ValueError(f"GRPOModule: reward_weights {reward_weights} given without reward_funcs (the "

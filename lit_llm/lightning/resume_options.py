@@ -16,12 +16,14 @@ Options the user did not give (neither in ``--config`` nor on the command line) 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from lit_llm.cli_errors import CLIConfigError
 
-__all__ = ["APPLIED", "REFUSED", "RESUME_OPTIONS", "ResumeOptionError", "check_resume_options", "resume_policy"]
+__all__ = ["APPLIED", "REFUSED", "RESUME_OPTIONS", "ResumeOptionError", "check_resume_options", "check_run_options",
+           "resume_policy", "saved_run_options"]
 
 APPLIED: Literal["applied"] = "applied"
 REFUSED: Literal["refused"] = "refused"
@@ -113,6 +115,31 @@ RESUME_OPTIONS: dict[str, tuple[Literal["applied", "refused"], str]] = {
     "eval_samples": (APPLIED, "evaluation"),
     "log_samples_every": (APPLIED, "logging"),
     "num_logged_samples": (APPLIED, "logging"),
+    # -- data (``data.init_args.*``, compared with the checkpoint's ``datamodule_hyper_parameters`` by ``fit``).
+    # The restored data position is a count of the current epoch's steps, and each epoch's plan (which rows, in
+    # which order, cut into which steps) is a function of these options: any of them changed would make the resumed
+    # epoch skip or repeat rows (or train other ones), so they are refused. A new ``batch_size`` would be sound only
+    # if the position were kept in rows and the row order did not depend on it (SFT groups rows by length in windows
+    # of batch_size x length_group_steps); it also changes what one optimizer step means (lr, normaliser).
+    **dict.fromkeys([f"data.{k}" for k in (
+        "path", "format", "task", "limit", "num_samples", "num_train", "low", "high", "ops", "template",
+        "rename_columns", "string_prompts", "on_bad_row", "seed", "group_by_length", "length_group_steps",
+        "eval_path", "eval_fraction", "eval_limit", "num_eval", "val_path", "val_fraction", "val_limit",
+        "tokenizer")], (REFUSED, "which rows are trained and in which order: the restored data position counts "
+                                 "steps of the checkpoint's epoch plan")),
+    **dict.fromkeys([f"data.{k}" for k in ("system_prompt", "chat_template", "max_length", "max_prompt_length",
+                                           "loss_head")],
+                    (REFUSED, f"how the rows are rendered, cut or dropped: {_OBJECTIVE}")),
+    "data.batch_size": (REFUSED, "the rows per optimizer step: the restored data position counts steps of this "
+                                 "size (a new size would skip or repeat rows of the epoch) and an optimizer step "
+                                 "would mean another amount of data"),
+    "data.micro_batch_size": (APPLIED, f"rows per forward/backward: {_SAME_NUMBERS} (the step's normaliser is "
+                                       f"global)"),
+    "data.packing": (APPLIED, f"rows packed into one sequence per micro-batch: {_SAME_NUMBERS}"),
+    "data.eval_batch_size": (APPLIED, "evaluation"),
+    "data.num_workers": (APPLIED, "data-loading processes"),
+    "seed_everything": (REFUSED, "the seed of the run's random generators; a resume restores the checkpoint's "
+                                 "generator states (exact resume), so a new seed would not take effect"),
     # -- Trainer options (not in the checkpoint: Lightning applies them)
     "trainer.max_steps": (APPLIED, "the run continues to the new max_steps (a value <= the checkpoint's step ends "
                                    "it at once)"),
@@ -151,7 +178,7 @@ def _show(value: Any) -> str:
 
 
 def check_resume_options(saved: Mapping[str, Any], given: Mapping[str, Any], *, ckpt_path: Any,
-                         prefix: str = "model.init_args.") -> tuple[dict[str, Any], list[str]]:
+                         prefix: str = "model.init_args.", table: str = "") -> tuple[dict[str, Any], list[str]]:
     """Compare the options a resumed run was given with the checkpoint's (:data:`RESUME_OPTIONS`).
 
     Args:
@@ -159,6 +186,7 @@ def check_resume_options(saved: Mapping[str, Any], given: Mapping[str, Any], *, 
         given: the module options the user set (config file or command line; not the defaults).
         ckpt_path: the checkpoint, named in the message.
         prefix: how the options are written in the message.
+        table: how they are written in :data:`RESUME_OPTIONS` (``"data."`` for the data options).
 
     Returns:
         ``(kept, applied)``: ``kept`` are the checkpoint's values of the options not given (the run uses them, as
@@ -181,7 +209,7 @@ def check_resume_options(saved: Mapping[str, Any], given: Mapping[str, Any], *, 
         new = given[key]
         if _plain(new) == _plain(old):
             continue
-        policy, why = resume_policy(key)
+        policy, why = resume_policy(table + key)
         if policy == APPLIED:
             applied.append(f"{prefix}{key}: {_show(_plain(new))} (the checkpoint's: {_show(_plain(old))})")
             continue
@@ -191,3 +219,56 @@ def check_resume_options(saved: Mapping[str, Any], given: Mapping[str, Any], *, 
             f"{key}: {_show(_plain(old))} (or leave it out), or start a new run from the checkpoint's weights: "
             f"lit-llm export --ckpt_path {ckpt_path} --out DIR, then --model.init_args.model DIR without --ckpt_path.")
     return kept, applied
+
+
+def saved_run_options(ckpt_path: str | os.PathLike) -> dict[str, Any]:
+    """What a ``lit-llm fit`` checkpoint records of the run besides the module's options: ``{"data": the data
+    module's hyper-parameters, "seed_everything": the global seed}`` (each left out when the checkpoint lacks it:
+    written by a plain Trainer, or before the seed was recorded by :class:`~lit_llm.lightning.cli.LitLLMSaveConfig`).
+    Read with ``torch.load(mmap=True)`` (no tensor data is read); a sharded checkpoint folder gives ``{}``."""
+    import zipfile
+
+    import torch
+
+    if os.path.isdir(ckpt_path):
+        return {}
+    ckpt = torch.load(str(ckpt_path), map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(ckpt_path))
+    out: dict[str, Any] = {}
+    if ckpt.get("datamodule_hyper_parameters"):
+        out["data"] = dict(ckpt["datamodule_hyper_parameters"])
+    seed = (ckpt.get("callbacks") or {}).get("LitLLMSaveConfig", {}).get("seed_everything")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        out["seed_everything"] = seed
+    return out
+
+
+#: SFTDataModule's deprecated aliases (its hyper-parameters hold the value under the new name).
+_DATA_ALIASES = {"val_path": "eval_path", "val_fraction": "eval_fraction", "val_limit": "eval_limit"}
+
+
+def check_run_options(ckpt_path: str | os.PathLike, given: Mapping[str, Any]) -> list[str]:
+    """:func:`check_resume_options` for the options of a ``fit`` resume outside the module: ``given`` holds the
+    user's ``"data"`` options (``data.init_args.*``; a data module of another class is not compared) and
+    ``"seed_everything"`` (compared when both are integers: ``true``, a new random seed each run, is not a value).
+
+    Returns:
+        One line per applied option (``"data.init_args.X: NEW (the checkpoint's: OLD)"``).
+
+    Raises:
+        ResumeOptionError: a refused option differs (see :data:`RESUME_OPTIONS`).
+    """
+    saved = saved_run_options(ckpt_path)
+    seed = given.get("seed_everything")
+    if "seed_everything" in saved and isinstance(seed, int) and not isinstance(seed, bool):
+        check_resume_options({"seed_everything": saved["seed_everything"]}, {"seed_everything": seed},
+                             ckpt_path=ckpt_path, prefix="")
+    data, old = given.get("data") or {}, saved.get("data") or {}
+    same_class = str(old.get("_class_path", "")).rpartition(".")[2] == str(data.get("class_path", "")).rpartition(
+        ".")[2]
+    init = dict(data.get("init_args") or {})
+    for alias, name in _DATA_ALIASES.items():  # a deprecated alias is saved under its new name
+        if init.get(alias) is not None and name not in init:
+            init[name] = init.pop(alias)
+    if not old or not same_class or not init:
+        return []
+    return check_resume_options(old, init, ckpt_path=ckpt_path, prefix="data.init_args.", table="data.")[1]

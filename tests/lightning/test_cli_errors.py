@@ -61,6 +61,28 @@ PARSE_ERRORS = [
     (GRPO, ["--model.init_args.optimizer", "torch.optim.Adamw"],
      "--model.init_args.optimizer: expected a class or function: module 'torch.optim' has no attribute 'Adamw', "
      "got 'torch.optim.Adamw' (did you mean torch.optim.AdamW?)"),
+    (SFT, ["--model.init_args.optimizer.init_args.lrr", "3"],  # a nested class's option: named in full
+     "--model.init_args.optimizer.init_args.lrr: AdamW has no option lrr (did you mean "
+     "--model.init_args.optimizer.init_args.lr?)"),
+    (SFT, ["--model.init_args.lrr", "3"],  # lr is the optimizer's, not the module's (not lora_r)
+     "--model.init_args.lrr: SFTModule has no option lrr (did you mean --model.init_args.optimizer.init_args.lr?)"),
+]
+
+#: ``(YAML given as a second --config, first line after "lit-llm: error: {file}:")``: a bad key or value in a config
+#: file is the command line's message with the file and line and the options as YAML keys (issue 30 item 2).
+CONFIG_FILE_ERRORS = [
+    ("model:\n  init_args:\n    optimizer:\n      init_args:\n        lrr: 3\n",
+     "5: model.init_args.optimizer.init_args.lrr: AdamW has no option lrr (did you mean "
+     "model.init_args.optimizer.init_args.lr?)"),
+    ("model:\n  lrr: 3\n",
+     "2: model.init_args.lrr: SFTModule has no option lrr (did you mean model.init_args.optimizer.init_args.lr?)"),
+    ("# comment\ntrainer:\n  max_stepz: 3\n",
+     "3: trainer.max_stepz: unknown option (did you mean trainer.max_steps?)"),
+    ("samples:\n  max_new_tokenz: 3\n",
+     "2: samples.max_new_tokenz: unknown option (did you mean samples.max_new_tokens?)"),
+    ("seed_everythin: 3\n", "1: seed_everythin: unknown option (did you mean seed_everything?)"),
+    ("model:\n  init_args:\n    loss: rlfh\n",
+     "3: model.init_args.loss: 'rlfh' is not allowed; use one of: sft, rlhf, generic (did you mean rlhf?)"),
 ]
 
 
@@ -70,6 +92,23 @@ def test_parse_error_is_one_message(config, args, first, capsys):
     assert lines[0] == f"lit-llm: error: {first}"
     assert lines[1:] == ["  (`lit-llm fit --help` lists the options; LIT_LLM_DEBUG=1 shows the parser's full "
                          "message)"]
+
+
+@pytest.mark.parametrize(("text", "first"), CONFIG_FILE_ERRORS, ids=[t.split(":")[0] for t, _ in CONFIG_FILE_ERRORS])
+def test_config_file_error_names_the_file_and_line(text, first, tmp_path, capsys):
+    mine = tmp_path / "my.yaml"
+    mine.write_text(text)
+    lines = error_lines(["fit", "--config", SFT, "--config", str(mine), "--print_config"], capsys)
+    assert lines[0] == f"lit-llm: error: {mine}:{first}"
+
+
+def test_grpo_config_file_error_names_the_file(tmp_path, capsys):
+    mine = tmp_path / "my.yaml"
+    mine.write_text(Path(GRPO).read_text().replace("max_new_tokens:", "max_new_tokenz:", 1))
+    number = next(i for i, x in enumerate(mine.read_text().splitlines(), 1) if "max_new_tokenz" in x)
+    lines = error_lines(["fit", "--config", str(mine), "--print_config"], capsys)
+    assert lines[0] == (f"lit-llm: error: {mine}:{number}: model.init_args.max_new_tokenz: GRPOModule has no option "
+                        f"max_new_tokenz (did you mean model.init_args.max_new_tokens?)")
 
 
 def test_debug_env_keeps_jsonargparse_message(capsys, monkeypatch):
@@ -153,6 +192,15 @@ def test_reward_funcs_emptied_over_a_config_with_reward_weights_says_to_null_the
         "env_reward_weight); a config that sets reward_weights keeps them when reward_funcs is changed on the command "
         "line: pass --model.init_args.reward_weights null too (all weights 1), or one weight per function.",
         "  (LIT_LLM_DEBUG=1 shows the traceback)"]
+
+
+def test_an_unknown_reward_name_is_told_before_the_weights_mismatch(tmp_path):
+    """grpo_tiny sets two reward_weights: one misspelled reward_funcs entry is about its name, not the count."""
+    lines = build_error_lines(["fit", "--config", GRPO, "--model.init_args.reward_funcs", "[strict_arithmetic_rewrd]",
+                               "--trainer.max_steps", "0", "--trainer.default_root_dir", str(tmp_path)])
+    assert lines[0].startswith("Unknown reward function 'strict_arithmetic_rewrd' (a reward_funcs / eval_reward_funcs "
+                               "entry): not a built-in (did you mean 'strict_arithmetic_reward'?). Built-in reward "
+                               "functions: ["), lines[0]
 
 
 def test_trainer_error_names_its_option(tmp_path):

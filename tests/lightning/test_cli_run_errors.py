@@ -85,12 +85,48 @@ def test_setup_error_is_one_line(case, workdir):
     proc = run_cli(["fit", *args, "--trainer.default_root_dir", str(workdir / "run")], workdir)
     lines = error_message(proc)
     assert lines[0].startswith(first), lines
+    assert not (workdir / "run").exists()  # no empty csv/version_N left (issue 30 leftover 5)
     if case == "reward_module_typo":
         assert "Did you mean 'my_rewards:keyword_reward' (my_rewards.py is there)?" in lines[0]
         assert lines[-1] == f"  (set by --model.init_args.reward_funcs ['my_rewardz:keyword_reward']; {HINT}"
     if case == "bf16_weights_32_true":
         assert "trainer.precision bf16-true given explicitly" in lines[0]
         assert lines[-1].startswith("  (set by --model.init_args.dtype bfloat16; ")
+
+
+def test_a_failed_fit_leaves_no_empty_log_folder(workdir, monkeypatch):
+    """Lightning makes csv/version_N before the data module reads its file: a bad file leaves no version folder (the
+    next run is version_0), and a run folder the user made is kept."""
+    from lit_llm.cli_errors import CLIConfigError
+    from lit_llm.lightning.cli import main
+
+    run = workdir / "run"
+    run.mkdir()
+    args = ["fit", "--config", SFT, "--data.format", "auto", "--data.path", "bad.jsonl", "--trainer.default_root_dir",
+            str(run), "--trainer.enable_progress_bar", "false"]
+    monkeypatch.chdir(workdir)
+    with pytest.raises(CLIConfigError, match=r"^bad.jsonl:2: not a JSON object"):
+        main(args)
+    assert sorted(p.name for p in run.iterdir()) == []
+
+
+def test_remove_unused_log_dirs_keeps_what_was_logged(tmp_path):
+    from types import SimpleNamespace
+
+    from lit_llm.lightning.run_folders import remove_unused_log_dirs
+
+    root = tmp_path / "run"
+    for version, files in (("version_0", ["config.yaml", "metrics.csv"]), ("version_1", ["config.yaml",
+                                                                                         "hparams.yaml"])):
+        (root / "csv" / version).mkdir(parents=True)
+        for name in files:
+            (root / "csv" / version / name).write_text("x")
+    loggers = [SimpleNamespace(log_dir=str(root / "csv" / v)) for v in ("version_0", "version_1")]
+    assert remove_unused_log_dirs(loggers, root=str(root), root_existed=False) == [str(root / "csv" / "version_1")]
+    assert sorted(p.name for p in (root / "csv").iterdir()) == ["version_0"]
+    (root / "csv" / "version_0" / "metrics.csv").unlink()
+    assert remove_unused_log_dirs(loggers[:1], root=str(root), root_existed=False) == [
+        str(root / "csv" / "version_0"), str(root / "csv"), str(root)]
 
 
 @pytest.mark.slow

@@ -162,6 +162,35 @@ def test_check_writable_folder_names_the_option(tmp_path):
                               f"which is a file, not a folder; choose a folder path (or move the file).")
 
 
+def test_an_out_where_nothing_can_be_written_names_the_out(tmp_path):
+    """Checked before the checkpoint is loaded; the message names --out, not the hidden temporary sibling."""
+    ckpt = make_run(tmp_path / "run")
+    with pytest.raises(OSError) as exc:
+        check_export_target(ckpt, "/proc/foo")
+    assert str(exc.value) == ("lit-llm export: --out '/proc/foo': cannot create a folder in '/proc' (No such file or "
+                              "directory); choose an --out you can write to.")
+    assert not [p for p in Path("/proc").iterdir() if p.name.startswith(".foo.")]
+
+
+def test_a_model_path_that_does_not_exist_is_no_such_folder(tmp_path, monkeypatch):
+    """``chat`` / ``evaluate`` / ``predict --model runs/nope``: the folder, not a Hub download hint; ``org/name``
+    without a local ``org/`` is still a Hub id."""
+    from lit_llm.lightning.export import load_inference_policy
+
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for name in ("runs/nope", "./nope", str(tmp_path / "a" / "b")):
+        with pytest.raises(FileNotFoundError) as exc:
+            load_inference_policy(name, who="lit-llm chat")
+        path = (tmp_path / name).absolute() if not name.startswith("/") else Path(name)
+        base = tmp_path / "runs" if name.startswith("runs") else tmp_path
+        assert str(exc.value) == (f"lit-llm chat: --model {name!r}: no such folder ('{os.path.normpath(path)}' does "
+                                  f"not exist; '{base}' does). Give a folder written by lit-llm export, a .ckpt "
+                                  f"written by lit-llm fit, or a model name / Hub id.")
+    with pytest.raises(FileNotFoundError, match=r"^load_model: 'org/nope' is neither the embedded default"):
+        load_inference_policy("org/nope", who="lit-llm chat")
+
+
 # ------------------------------------------------------------------------------------ atomic replacement
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory) -> Path:
@@ -190,8 +219,11 @@ def test_a_save_that_raises_leaves_the_previous_export_or_nothing(tiny_ckpt, tmp
 
     monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", broken)
     previous = fake_export(tmp_path / "prev" / "hf")
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OSError) as exc:
         export_checkpoint(tiny_ckpt, previous, overwrite=True)
+    assert str(exc.value) == (f"lit-llm export: --out '{previous}': writing the export failed (disk full "
+                              f"(simulated)); nothing was left there (a previous export is kept). Fix: free space or "
+                              f"choose an --out you can write to.")
     assert siblings(previous) == ["hf"]  # no .hf.tmp-* / .hf.old-* left
     assert {p.name: p.read_text() for p in previous.iterdir()} == {n: "previous" for n in EXPORT}
     fresh = tmp_path / "new" / "hf"

@@ -103,6 +103,11 @@ def test_every_module_option_is_classified():
     for cls in (SFTModule, GRPOModule):
         options = set(inspect.signature(cls.__init__).parameters) - {"self", "optimizer", "lr_scheduler"}
         assert sorted(options - set(RESUME_OPTIONS)) == [], cls.__name__
+    from lit_llm.lightning.grpo_data import GRPODataModule
+
+    for cls in (SFTDataModule, GRPODataModule):  # the data options too (item 8)
+        options = {f"data.{k}" for k in inspect.signature(cls.__init__).parameters} - {"data.self"}
+        assert sorted(options - set(RESUME_OPTIONS)) == [], cls.__name__
     assert {k for k, (policy, _) in RESUME_OPTIONS.items() if policy == "refused"} >= {
         "model", "loss", "num_generations", "loss_type", "use_peft", "lora_r", "lora_alpha", "lora_target_modules"}
     assert {k for k, (policy, _) in RESUME_OPTIONS.items() if policy == "applied"} >= {
@@ -162,6 +167,103 @@ def test_a_new_lr_rescales_the_restored_schedule_and_other_knobs_apply():
     # LinearLR's next step (chainable: lr *= 1 + (end - start) / (total_iters * start + (t - 1) (end - start)), t = 4)
     # from the rescaled lr with the new total_iters
     assert group["lr"] == pytest.approx(2e-3 * factor * (1 + 0.9 / (20 * 0.1 + 3 * 0.9)))
+
+
+# ----------------------------------------------------------------------------- --ckpt_path last (issue 30 item 1)
+def test_last_checkpoint_follows_lightnings_names(tmp_path):
+    from lit_llm.lightning.cli import last_checkpoint
+
+    assert last_checkpoint(tmp_path / "nope") is None
+    for i, name in enumerate(["last.ckpt", "last-v1.ckpt", "step=3-last.ckpt", "blast.ckpt", "last.ckpt.tmp"]):
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, (i, i))
+    assert last_checkpoint(tmp_path) == str(tmp_path / "last-v1.ckpt")  # the newest of Lightning's names only
+    os.utime(tmp_path / "last.ckpt", (9, 9))
+    assert last_checkpoint(tmp_path) == str(tmp_path / "last.ckpt")
+
+
+def _tiny_args(root: Path, *extra: str) -> list[str]:
+    return ["--model", "lit_llm.lightning.SFTModule", "--model.model", "tiny", "--data",
+            "lit_llm.lightning.SFTDataModule", "--data.format", "arithmetic", "--data.num_samples", "8",
+            "--data.batch_size", "4", "--data.max_length", "48", "--trainer.default_root_dir", str(root),
+            "--trainer.enable_progress_bar", "false", "--wandb", "false", "--samples.num_samples", "0",
+            "--trainer.precision", "32-true", *extra]
+
+
+def test_validate_ckpt_path_last_without_a_checkpoint(tmp_path):
+    root = tmp_path / "run"
+    with pytest.raises(FileNotFoundError) as e:
+        main(["validate", *_tiny_args(root, "--ckpt_path", "last")])
+    assert str(e.value) == (f"--ckpt_path last: no last.ckpt in {root / 'checkpoints'}, so there is no checkpoint to "
+                            f"validate; give --ckpt_path FILE, or the --trainer.default_root_dir of the run that wrote "
+                            f"it.")
+    assert not root.exists()
+
+
+@pytest.mark.slow
+def test_fit_ckpt_path_last_without_a_checkpoint(tmp_path):
+    """One warning that a new run starts from step 0 (Lightning's rule, so that a requeued job can pass ``last``
+    from its first run), and the config saved says no checkpoint; the next ``last`` resumes the file it checked."""
+    root = tmp_path / "run"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = main(["fit", *_tiny_args(root, "--ckpt_path", "last", "--trainer.max_steps", "1")])
+    assert cli.trainer.global_step == 1
+    ours = [str(w.message) for w in caught if str(w.message).startswith("--ckpt_path")]
+    assert ours == [f"--ckpt_path last: no last.ckpt in {root / 'checkpoints'}, so this fit starts a new run from "
+                    f"step 0 (to resume another run give its --trainer.default_root_dir or --ckpt_path FILE)"]
+    assert "ckpt_path: null" in (root / "csv" / "version_0" / "config.yaml").read_text()
+    cli = main(["fit", *_tiny_args(root, "--ckpt_path", "last", "--trainer.max_steps", "2")])
+    assert cli.config["fit"]["ckpt_path"] == str(root / "checkpoints" / "last.ckpt")  # the file checked is what runs
+    assert cli.trainer.global_step == 2
+
+
+# ------------------------------------------------------------------ data options and the seed (issue 30 item 8)
+def _run_ckpt(path: Path, **data) -> Path:
+    """The parts of an SFT ``lit-llm fit`` checkpoint the resume checks read (they refuse before the weights)."""
+    torch.save({"state_dict": {}, "optimizer_states": [{}], "global_step": 2,
+                "hyper_parameters": {"_class_path": "lit_llm.lightning.SFTModule", "model": "tiny"},
+                "datamodule_hyper_parameters": {"_class_path": "lit_llm.lightning.SFTDataModule",
+                                                "format": "arithmetic", "num_samples": 8, "batch_size": 4,
+                                                "max_length": 48, "micro_batch_size": None, **data},
+                "callbacks": {"LitLLMSaveConfig": {"seed_everything": 0}}}, path)
+    return path
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--data.batch_size", "2"],
+     "data.init_args.batch_size 2 differs from the checkpoint's 4; batch_size is the rows per optimizer step: the "
+     "restored data position counts steps of this size (a new size would skip or repeat rows of the epoch) and an "
+     "optimizer step would mean another amount of data, so the run cannot resume with a new value. Fix: resume with "
+     "batch_size: 4 (or leave it out)"),
+    (["--seed_everything", "5"],
+     "seed_everything 5 differs from the checkpoint's 0; seed_everything is the seed of the run's random generators; "
+     "a resume restores the checkpoint's generator states (exact resume), so a new seed would not take effect, so "
+     "the run cannot resume with a new value. Fix: resume with seed_everything: 0 (or leave it out)"),
+])
+def test_resume_refuses_a_new_data_batch_size_or_seed(tmp_path, extra, message):
+    from lit_llm.lightning.resume_options import ResumeOptionError
+
+    ckpt = _run_ckpt(tmp_path / "last.ckpt")
+    with pytest.raises(ResumeOptionError) as e:
+        main(["fit", *_tiny_args(tmp_path / "run", "--ckpt_path", str(ckpt), *extra)])
+    assert str(e.value).startswith(f"--ckpt_path {ckpt}: {message}, or start a new run"), str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_options_applied_not_given_or_of_another_class(tmp_path):
+    from lit_llm.lightning.resume_options import check_run_options, saved_run_options
+
+    ckpt = _run_ckpt(tmp_path / "last.ckpt")
+    assert saved_run_options(ckpt)["seed_everything"] == 0
+    data = {"class_path": "lit_llm.lightning.SFTDataModule", "init_args": {"batch_size": 4, "micro_batch_size": 2}}
+    assert check_run_options(ckpt, {"data": data, "seed_everything": True}) == [  # true: a random seed, not compared
+        "data.init_args.micro_batch_size: 2 (the checkpoint's: None)"]
+    alias = {"class_path": "lit_llm.lightning.SFTDataModule", "init_args": {"val_limit": 2}}  # deprecated name
+    ckpt = _run_ckpt(tmp_path / "eval.ckpt", eval_limit=2, val_limit=None)
+    assert check_run_options(ckpt, {"data": alias}) == []
+    other = {"class_path": "my.DataModule", "init_args": {"batch_size": 2}}
+    assert check_run_options(ckpt, {"data": other, "seed_everything": None}) == []
 
 
 # ----------------------------------------------------------------------------------------- from the command line

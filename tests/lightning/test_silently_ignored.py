@@ -108,9 +108,27 @@ def test_a_misspelled_template_variable_is_named_with_a_suggestion(templates_dir
         check_template_kwargs(qwen3, {"enable_thinkng": False}, template_name="stock-qwen3.jinja")
     assert str(e.value) == (
         "--model.init_args.chat_template_kwargs: the chat template (stock-qwen3.jinja) never reads 'enable_thinkng', "
-        "so it would be ignored; it reads content, enable_thinking, reasoning_content. Did you mean "
-        "'enable_thinking'? Fix: use one of its variables, or drop the key.")
+        "so it would be ignored; it reads enable_thinking. Did you mean 'enable_thinking'? Fix: use one of its "
+        "variables, or drop the key.")
     check_template_kwargs(qwen3, {"enable_thinking": False, "bos_token": "<s>"}, template_name="q")  # read / standard
+
+
+def test_the_listed_variables_leave_out_the_templates_per_message_ones(templates_dir):
+    """Loop targets (``message``, ``loop``) and variables set only inside a loop (Qwen3's ``content``) are the
+    template's own; a variable set at the top level when not given (Llama 3.1's ``date_string``) is an option."""
+    from lit_llm.data.chat_template import loop_variables
+
+    qwen3 = (templates_dir / "stock-qwen3.jinja").read_text()
+    assert {"message", "loop", "content", "reasoning_content"} <= loop_variables(qwen3)
+    assert "enable_thinking" not in loop_variables(qwen3)
+    llama = (templates_dir / "stock-llama3_1.jinja").read_text()
+    with pytest.raises(ChatTemplateError) as e:
+        check_template_kwargs(llama, {"date_strng": "1 Jan"}, template_name="stock-llama3_1.jinja")
+    assert str(e.value) == (
+        "--model.init_args.chat_template_kwargs: the chat template (stock-llama3_1.jinja) never reads 'date_strng', "
+        "so it would be ignored; it reads builtin_tools, custom_tools, date_string, first_user_message, "
+        "system_message, tools_in_user_message. Did you mean 'date_string'? Fix: use one of its variables, or drop "
+        "the key.")
 
 
 def test_kwargs_a_template_never_reads_are_refused_at_data_setup(tmp_path, tokenizer):
@@ -286,9 +304,8 @@ CLI_CASES = {
                          str(ROOT / "tests/fixtures/chat_templates/stock-qwen3.jinja"),
                          "--model.init_args.chat_template_kwargs", "{enable_thinkng: false}"],
                         "lit-llm: error: --model.init_args.chat_template_kwargs: the chat template (stock-qwen3.jinja) "
-                        "never reads 'enable_thinkng', so it would be ignored; it reads content, enable_thinking, "
-                        "reasoning_content. Did you mean 'enable_thinking'? Fix: use one of its variables, or drop "
-                        "the key."),
+                        "never reads 'enable_thinkng', so it would be ignored; it reads enable_thinking. Did you "
+                        "mean 'enable_thinking'? Fix: use one of its variables, or drop the key."),
     "grpo_prompt_over_context": (["--config", GRPO, "--data.task", "null", "--data.path", "long.jsonl",
                                   "--data.num_eval", "0"],
                                  "lit-llm: error: long.jsonl:6: the prompt has 3000 tokens; with max_new_tokens=8 it "

@@ -155,6 +155,28 @@ def test_rollout_metrics_count_the_timeouts_of_the_step(tiny, tokenizer, release
     assert float(log["train/rewards/hang/timeouts"]) == 0  # counted once, at the step after the call
 
 
+def test_a_step_whose_every_reward_call_timed_out_logs_no_reward(tiny, tokenizer):
+    """Every row unscored (issue 30 leftover 3): ``train/reward`` is NaN, not 0.000 ("all wrong"), and the timeouts
+    metric counts the call."""
+    def sleepy(completions, **kwargs):
+        time.sleep(1.0)
+        return [1.0] * len(completions)
+
+    rewards = RewardFunctions([sleepy], timeout=0.1)
+    policy = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="tokens", generate_kwargs={"max_new_tokens": 3})
+    engine = RolloutEngine(policy, tokenizer=tokenizer, reward_fn=rewards, num_generations=2, batching=False)
+    with pytest.warns(UserWarning, match="^Reward function 'sleepy' did not return within reward_timeout=0.1 s"):
+        rollout = engine.rollout({"prompt": ["What is 1 + 1?", "What is 2 + 2?"]})
+    assert rollout.reward.tolist() == [0.0] * 4  # what training uses (TRL's rule: advantages 0)
+    module = SimpleNamespace(rewards=rewards, device=torch.device("cpu"), trainer=SimpleNamespace(world_size=1),
+                             dropped_rollouts=torch.zeros((), dtype=torch.long),
+                             versions=SimpleNamespace(dynamic_sampling=False))
+    log = rollout_metrics(module, rollout, staleness=0, wait_time=0.0, train_time=1.0, step_time=1.0)
+    assert [math.isnan(float(log[k])) for k in ("train/reward", "train/reward_std", "train/rewards/sleepy/mean",
+                                                "train/rewards/sleepy/std")] == [True] * 4
+    assert float(log["train/rewards/sleepy/timeouts"]) == 1
+
+
 # ------------------------------------------------------------------------------------------------ environments
 def _generate(tokenizer):
     ids = tokenizer("4<|im_end|>", add_special_tokens=False)["input_ids"]
