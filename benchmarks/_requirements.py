@@ -64,31 +64,31 @@ def project_specifiers() -> dict[str, str]:
 
 def check_requirements() -> list[str]:
     """One line per problem among :data:`NEEDED` and what they need (recursively, from installed metadata):
-    ``missing: <name><spec> (<why>)`` or ``wrong version: <name> <version> installed, <who> needs <spec>``."""
+    ``missing: <name><spec> (<why>)`` or ``wrong version: <name> <version> installed, needs <spec> (<why>)``."""
     try:
         from packaging.markers import default_environment
         from packaging.requirements import Requirement
         from packaging.version import Version
     except ImportError:
         return ["missing: packaging (reading the requirements; transformers and Lightning need it too)"]
-    installed, specs, problems, seen = _installed(), project_specifiers(), [], set()
+    installed, specs, problems, seen, missing = _installed(), project_specifiers(), [], set(), set()
     env = default_environment()
 
     def visit(req: Requirement, why: str) -> None:
-        key = (_canonical(req.name), tuple(sorted(req.extras)))
-        if key in seen:
+        name = _canonical(req.name)
+        dist = installed.get(name)
+        if dist is None:
+            if name not in missing:
+                missing.add(name)
+                extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+                problems.append(f"missing: {req.name}{extras}{req.specifier} ({why})")
+            return
+        if req.specifier and not req.specifier.contains(Version(dist.version), prereleases=True):
+            problems.append(f"wrong version: {req.name} {dist.version} installed, needs {req.specifier} ({why})")
+        key = (name, tuple(sorted(req.extras)))
+        if key in seen or name in (_canonical(n) for n in NO_DEPS):
             return
         seen.add(key)
-        dist = installed.get(key[0])
-        if dist is None:
-            extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
-            problems.append(f"missing: {req.name}{extras}{req.specifier} ({why})")
-            return
-        version = dist.version
-        if req.specifier and not req.specifier.contains(Version(version), prereleases=True):
-            problems.append(f"wrong version: {req.name} {version} installed, {why} needs {req.specifier}")
-        if key[0] in (_canonical(n) for n in NO_DEPS):
-            return
         for text in dist.requires or []:
             sub = Requirement(text)
             extras = req.extras or {""}

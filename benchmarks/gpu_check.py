@@ -430,7 +430,7 @@ def tests_stage(paths: list[str], seconds: float) -> None:
 
 # ------------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="benchmarks/gpu_check.sh", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF folder or lit_llm model name (default: the tiny-vllm model)")
     p.add_argument("--precision", default="auto",
