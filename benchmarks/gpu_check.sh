@@ -11,5 +11,4 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 export HF_HUB_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-cd "$root"
 exec "$PYTHON" "$root/benchmarks/gpu_check.py" "$@"

@@ -118,7 +118,7 @@ def test_missing_packages_exit_2_with_the_download_command(monkeypatch, capsys):
         "missing: jsonargparse[signatures]<5,>=4.35 (lit_llm, option types of lit_llm.lightning)",
         f"imports: 3 problem(s). On a machine with network access, in a lit_llm checkout, run `benchmarks/gpu_check.sh "
         f"--download-wheels wheels --python {major}.{minor} --platform {_requirements.this_platform()} "
-        f"jsonargparse[signatures] tensordict`, copy wheels/ here and run the pip install line it prints. Install "
+        f"'jsonargparse[signatures]' tensordict`, copy wheels/ here and run the pip install line it prints. Install "
         f"torch as this machine's CUDA needs (not carried by --download-wheels).",
     ]
 
