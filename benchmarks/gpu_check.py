@@ -6,7 +6,7 @@ default, imports and warm-up included; past it the run stops with a ``FAILED`` l
 
 1. **machine**: the CPU line of ``benchmarks/_memory.py`` (model, bf16 flags, cores), each visible GPU (name, compute
    capability, memory), the torch / CUDA / cuDNN / transformers / Lightning / vLLM versions.
-2. **imports**: every distribution this check needs (:data:`NEEDED`, with lit_llm's version ranges from
+2. **imports**: every distribution this check needs (``_requirements.NEEDED``, with lit_llm's version ranges from
    ``pyproject.toml``) and, recursively, what those need, read from the installed metadata without importing
    anything; one ``missing: ...`` / ``wrong version: ...`` line each, then the command that downloads their wheels on
    a machine with network access (``--download-wheels``, below) and exit 2.
@@ -17,15 +17,17 @@ default, imports and warm-up included; past it the run stops with a ``FAILED`` l
    values and gradients in fp32 (TF32 off), values with ``matmul_dtype=bfloat16``.
 5. **tf32** (CUDA): fp32 matmul TFLOP/s with TF32 off and on, and bf16, on 4096 x 4096 matrices.
 6. **grpo**: ``GRPOModule`` + ``GRPODataModule`` (the arithmetic prompts) driven by ``lightning.Trainer.fit`` at
-   ``--precision`` (``bf16-mixed``), ``--steps`` optimizer steps (the first is warm-up and not reported),
-   ``old_log_probs: recompute`` so the log-prob pass is timed on its own; **grpo-vllm**: the same with ``use_vllm``
-   when ``vllm`` is importable. **sft**: ``SFTModule`` + ``SFTDataModule`` (arithmetic chats) the same way. On CUDA
-   the fits run under ``torch.cuda.set_sync_debug_mode("warn")`` and the synchronising calls are counted by place.
+   ``--precision`` (``auto``: ``bf16-mixed``, ``16-mixed`` on a GPU without bf16), ``--steps`` optimizer steps (the
+   first is warm-up and not reported), ``old_log_probs: recompute`` so the log-prob pass is timed on its own;
+   **grpo-vllm**: the same with ``use_vllm`` when ``vllm`` is importable. **sft**: ``SFTModule`` + ``SFTDataModule``
+   (arithmetic chats) the same way. On CUDA the fits run under ``torch.cuda.set_sync_debug_mode("warn")`` and the
+   synchronising calls are counted by place.
 7. **tests** (CUDA; ``--tests always`` on the CPU too): pytest on :data:`TEST_PATHS` (kernel, generation, log-prob,
-   objectives, rng-state, precision and any device / sync test files), not ``slow``, ``real_model`` or ``vllm``,
-   with what is left of the time limit.
+   objectives, rng-state and any ``*device*`` / ``*sync*`` / ``*cast*`` test files), not ``slow``, ``real_model`` or
+   ``vllm``, with what is left of the time limit.
 
-Per stage it prints tok/s, MFU and peak memory (``stage <name>: ...``). Tokens per second: ``generate`` = generated
+Per stage it prints tok/s and MFU (``stage <fit>/<stage>: ...``), per fit the peak memory (``memory <fit>: ...``) and,
+on CUDA, the synchronising calls (``syncs <fit>: ...``). Tokens per second: ``generate`` = generated
 tokens / generation time (``rollout/tokens_per_sec``); ``log-prob`` = the trained rows' prompt + completion tokens /
 the no-grad recompute forward (``time/recompute``); ``train`` = the same tokens / forward + backward + optimizer
 (``train/tokens_per_sec``; SFT: non-padding tokens / step wall time, ``train/real_tokens_per_sec``); ``weight push``
@@ -35,12 +37,12 @@ embedding when it is not tied to the LM head (the lookup costs no FLOPs; a tied 
 attention FLOPs are not counted; GRPO counts each row's prompt although ``share_prompts`` runs it once per group,
 which overstates GRPO's MFU by up to the prompt share. The peak is the dense bf16 tensor-core figure of NVIDIA's data
 sheet for the GPU's name (:data:`PEAK_BF16_TFLOPS`) or ``--peak-tflops``. Peak memory =
-``torch.cuda.max_memory_allocated`` on CUDA (reset per stage), the process's peak resident set (``VmHWM``, reset per
-stage) on the CPU. Every GPU-only part prints ``skipped: <what> (no CUDA)`` on a CPU machine; any failure prints
+``torch.cuda.max_memory_allocated`` on CUDA (reset per fit), the process's peak resident set (``VmHWM``, reset per
+fit) on the CPU. Every GPU-only part prints ``skipped: <what> (no CUDA)`` on a CPU machine; any failure prints
 ``FAILED: <stage>: <first line>`` and the exit status is 1.
 
 ``--download-wheels DIR --python X.Y [--platform TAG] [PKG ...]`` runs on a machine with network access and a
-lit_llm environment: ``pip download`` of the wheels of ``PKG`` (default: every :data:`NEEDED` distribution but torch,
+lit_llm environment: ``pip download`` of the wheels of ``PKG`` (default: every needed distribution but torch,
 transformers and Lightning) and of what they need (the installed metadata here, recursively), minus what torch,
 transformers and Lightning bring with them, each pinned to the version installed here (the tested one; ``PKG==V``
 picks another), for CPython ``X.Y`` on ``TAG`` (``manylinux_2_N_<arch>`` also takes the older manylinux tags; default:
@@ -135,8 +137,9 @@ def machine_lines() -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ measuring
 class StageMemory:
-    """Peak memory of a stage: ``torch.cuda.max_memory_allocated`` (reset at the start) on CUDA, else the peak
-    resident set (``VmHWM``, reset at the start through ``/proc/self/clear_refs``)."""
+    """Peak memory of a fit (model load included): ``torch.cuda.max_memory_allocated`` (reset at the start) on CUDA,
+    else the peak resident set (``VmHWM``, reset at the start through ``/proc/self/clear_refs``); ``peak`` is the
+    text after the block."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
@@ -419,7 +422,8 @@ def tests_stage(paths: list[str], seconds: float) -> None:
     except subprocess.TimeoutExpired as e:
         tail = (e.stdout or b"")[-2000:]
         sys.stderr.write(tail.decode(errors="replace") if isinstance(tail, bytes) else tail)
-        raise RuntimeError(f"pytest did not finish within {seconds:.0f} s (what the time limit left)") from None
+        raise RuntimeError(f"pytest did not finish within {seconds:.0f} s, what --time-limit left for it (raise "
+                           f"--time-limit, or --tests never)") from None
     lines = [ln for ln in out.stdout.strip().splitlines() if ln.strip()]
     summary = lines[-1] if lines else "(no output)"
     if out.returncode:
@@ -537,7 +541,8 @@ def run_check(args: argparse.Namespace, start: float) -> int:
         left = args.time_limit - (time.perf_counter() - start) - 5
         try:
             if left < 10:
-                raise RuntimeError(f"only {max(left, 0):.0f} s of the time limit left")
+                raise RuntimeError(f"only {max(left, 0):.0f} s of --time-limit left for the tests (raise "
+                                   f"--time-limit, or --tests never)")
             tests_stage(args.test_paths or test_paths(), left)
         except Exception as e:
             fail("tests", e)
