@@ -328,6 +328,18 @@ def tf32_check() -> None:
         f"switch: off in lit_llm unless set)")
 
 
+def _release(cuda: bool) -> None:
+    """Free the last fit's model and optimizer before the next one (a colocated vLLM engine takes a share of the GPU's
+    memory when it starts)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+
+
 def _median(rows: list[dict[str, float]], key: str) -> float | None:
     values = [r[key] for r in rows if key in r]
     return statistics.median(values) if values else None
@@ -357,7 +369,8 @@ def _fit(module, data, args, cuda: bool, root: str) -> tuple[list[dict[str, floa
     return (rows.rows[1:] if len(rows.rows) > 1 else rows.rows), syncs
 
 
-def grpo_stage(name: str, model: str, args, cuda: bool, root: str, use_vllm: bool) -> Stages | None:
+def grpo_stage(name: str, model: str, args, cuda: bool, root: str, use_vllm: bool) -> None:
+    """One GRPO fit; prints its stage, memory and (CUDA) sync lines."""
     import torch
 
     from lit_llm.lightning.grpo import GRPOModule
@@ -384,10 +397,10 @@ def grpo_stage(name: str, model: str, args, cuda: bool, root: str, use_vllm: boo
     say(f"memory {name}: {memory.peak}")
     if syncs.active:
         say(syncs.line(name))
-    return stages
 
 
 def sft_stage(model: str, args, cuda: bool, root: str) -> None:
+    """One SFT fit; prints its stage, memory and (CUDA) sync lines."""
     import torch
 
     from lit_llm.lightning import SFTDataModule, SFTModule
@@ -479,6 +492,8 @@ def _watchdog(limit: float, start: float) -> None:
 
 
 def run_check(args: argparse.Namespace, start: float) -> int:
+    """The check (module docstring); 0 passed, 1 a stage failed, 2 packages missing."""
+    _failures.clear()
     _watchdog(args.time_limit, start)
     say(f"gpu_check: lit_llm GPU check, limit {args.time_limit:g} s")
     try:
@@ -506,11 +521,10 @@ def run_check(args: argparse.Namespace, start: float) -> int:
     except Exception as e:  # nothing else can run without the model
         fail("model", e)
         return 1
-    for stage, fn in (("kernel", lambda: kernel_check(device)),):
-        try:
-            fn()
-        except Exception as e:
-            fail(stage, e)
+    try:
+        kernel_check(device)
+    except Exception as e:
+        fail("kernel", e)
     if cuda:
         try:
             tf32_check()
@@ -524,6 +538,7 @@ def run_check(args: argparse.Namespace, start: float) -> int:
             grpo_stage("grpo", model, args, cuda, root, use_vllm=False)
         except Exception as e:
             fail("grpo", e)
+        _release(cuda)
         if args.no_vllm:
             say("skipped: GRPO with vLLM, weight push (--no-vllm)")
         elif importlib.util.find_spec("vllm") is None:
@@ -533,6 +548,7 @@ def run_check(args: argparse.Namespace, start: float) -> int:
                 grpo_stage("grpo-vllm", model, args, cuda, root, use_vllm=True)
             except Exception as e:
                 fail("grpo-vllm", e)
+            _release(cuda)
         try:
             sft_stage(model, args, cuda, root)
         except Exception as e:
