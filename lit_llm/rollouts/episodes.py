@@ -248,7 +248,7 @@ class EpisodeEngine(RolloutEngine):
         def generate(ids: Tensor, seed: int | None) -> tuple[Tensor, Tensor, bool]:
             with self._lock:
                 self.num_policy_calls += 1
-            seeds = None if seed is None else torch.tensor([seed], dtype=torch.long)
+            seeds = None if seed is None else torch.tensor([seed], dtype=torch.long, device="cpu")
             resp, lps, cut = policy_responses(policy, [ids], seeds=seeds, batch_order=order)
             return resp[0], lps[0], cut[0]
         return generate
@@ -387,7 +387,7 @@ class EpisodeEngine(RolloutEngine):
         gen_time = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        env_reward = torch.tensor([t.env_reward for t in trajs], dtype=torch.float32)
+        env_reward = torch.tensor([t.env_reward for t in trajs], dtype=torch.float32, device="cpu")
         per_fn = {"env": env_reward}
         total = self.env_reward_weight * env_reward
         if self.reward_fn is not None:
@@ -403,7 +403,7 @@ class EpisodeEngine(RolloutEngine):
                 raise RolloutError("a reward function is named 'env', the name of the environment's reward; rename "
                                    "it.")
             per_fn.update(fn_rewards)
-            total = total + torch.as_tensor(fn_total, dtype=torch.float32).reshape(-1)
+            total = total + torch.as_tensor(fn_total, dtype=torch.float32, device="cpu").reshape(-1)
         advantages, stats = compute_advantages(total, g, scale_rewards=self.scale_rewards,
                                                advantage_estimator=self.advantage_estimator)
         reward_time = time.perf_counter() - t1
@@ -413,7 +413,7 @@ class EpisodeEngine(RolloutEngine):
             prompts=unique, prompt_index=prompt_index, completions=[t.completion_ids for t in trajs],
             old_log_probs=[t.log_probs for t in trajs], loss_masks=[t.loss_mask for t in trajs], reward=total,
             advantage=advantages, truncated=[t.truncated for t in trajs],
-            group=torch.arange(n_prompts).repeat_interleave(g),
+            group=torch.arange(n_prompts, device="cpu").repeat_interleave(g),
             policy_version=self.version if version is None else version, pad_token_id=self.pad_token_id,
             rewards=per_fn, sample_id=[s for s in sample_ids for _ in range(g)],
             completion=[t.text(self.tokenizer) for t in trajs], generation_time=gen_time, reward_time=reward_time,
