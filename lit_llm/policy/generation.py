@@ -61,6 +61,7 @@ __all__ = [
     "prefix_dependent_settings",
     "resolve_generation_config",
     "row_seed",
+    "rows_to_device",
     "sample_from_probs",
     "standardize_generate_kwargs",
     "unique_rows",
@@ -226,13 +227,29 @@ def unique_rows(ids: Tensor, lengths: list[int]) -> tuple[Tensor, Tensor | None]
 DONE_CHECK_EVERY = 8
 
 
-def _to_device(tensors: list[Tensor], device: torch.device) -> list[Tensor]:
-    """``tensors`` (one dtype) on ``device`` in one copy (each ``.to(device)`` of a host tensor is a blocking copy,
-    a sync on CUDA); unchanged when already there."""
-    if all(t.device == device for t in tensors):
-        return tensors
-    flat = torch.cat([t.reshape(-1) for t in tensors]).to(device)
-    return [part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+def rows_to_device(rows: Sequence[Tensor], device: torch.device | str) -> list[Tensor]:
+    """``rows`` on ``device``, copied in **one** transfer per source device and dtype (concatenated, copied, split
+    back) instead of one per row: each ``.to(device)`` / ``.cpu()`` of a row is a blocking copy, a host sync on CUDA.
+
+    Args:
+        rows: tensors of any shapes, dtypes and devices (e.g. the ``B`` prompts of a batch, or its sampled rows).
+        device: where they go.
+
+    Returns:
+        ``len(rows)`` tensors on ``device``, each with its row's shape and dtype: the rows already there unchanged,
+        the copied ones views of one buffer per group (autograd follows the copy, as with ``.to``).
+    """
+    device = torch.device(device)
+    out = list(rows)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, r in enumerate(out):
+        if r.device != device:
+            groups.setdefault((r.device, r.dtype), []).append(i)
+    for idx in groups.values():
+        flat = torch.cat([out[i].reshape(-1) for i in idx]).to(device)
+        for i, part in zip(idx, flat.split([out[i].numel() for i in idx])):
+            out[i] = part.view(out[i].shape)
+    return out
 
 
 @torch.no_grad()
@@ -320,13 +337,13 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
                                                                      device=ids.device)[:, None]).long()
     eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=ids.device)
     if num_samples > 1:  # the caller's groups: every prompt prefilled once, its cache copied to its samples
-        ids, attn, eos = _to_device([ids, attn, eos], device)
+        ids, attn, eos = rows_to_device([ids, attn, eos], device)
         unique = torch.arange(len(prompts), device=device)
         inverse: Tensor | None = unique.repeat_interleave(num_samples)
     else:  # plain rows: identical prompts (found by their ids) prefilled once
         unique, inverse = unique_rows(ids, lengths)
-        ids, attn, eos, unique, *inv = _to_device([ids, attn, eos, unique, *([] if inverse is None else [inverse])],
-                                                  device)
+        ids, attn, eos, unique, *inv = rows_to_device(
+            [ids, attn, eos, unique, *([] if inverse is None else [inverse])], device)
         inverse = inv[0] if inv else None
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     prefill = {"input_ids": ids[unique], "attention_mask": attn[unique], "position_ids": position_ids[unique]}

@@ -49,9 +49,9 @@ import torch
 from tensordict import TensorClass, TensorDict
 from torch import Tensor
 
-from lit_llm.policy.generation import pad_rows
+from lit_llm.policy.generation import pad_rows, rows_to_device
 
-__all__ = ["RolloutBatch", "host_rows"]
+__all__ = ["RolloutBatch", "host_lists", "host_rows"]
 
 _CPU = torch.device("cpu")
 
@@ -62,26 +62,25 @@ def _pad(rows: Sequence[Tensor], value: int | float | bool, side: str, dtype: to
 
 
 def host_rows(rows: Sequence[Tensor]) -> list[Tensor]:
-    """``rows`` detached and on the host, the ones on a device copied in **one** transfer per dtype (concatenated,
-    copied, split back) instead of one ``.cpu()`` per row (each a device-to-host sync on CUDA).
-
-    Args:
-        rows: tensors of any shapes, devices and dtypes (e.g. the ``N`` sampled id rows of a rollout).
+    """``rows`` detached and on the host, the ones on a device copied in one transfer per dtype
+    (:func:`~lit_llm.policy.generation.rows_to_device`) instead of one ``.cpu()`` per row (each a device-to-host
+    sync on CUDA).
 
     Returns:
-        ``len(rows)`` host tensors, each with its row's shape and dtype (rows already on the host are returned
-        detached, not copied; copied rows are views of one host buffer per dtype).
+        ``len(rows)`` host tensors with the rows' shapes and dtypes (rows already on the host: detached, not copied).
     """
-    out = [r.detach() for r in rows]
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for i, r in enumerate(out):
-        if r.device != _CPU:
-            by_dtype.setdefault(r.dtype, []).append(i)
-    for idx in by_dtype.values():
-        flat = torch.cat([out[i].reshape(-1) for i in idx]).to(_CPU)
-        for i, part in zip(idx, flat.split([out[i].numel() for i in idx])):
-            out[i] = part.view(out[i].shape)
-    return out
+    return rows_to_device([r.detach() for r in rows], _CPU)
+
+
+def host_lists(rows: Sequence[Tensor]) -> list[list]:
+    """``rows`` (1-D, one dtype) as Python lists, read in one host copy and one ``tolist`` (ids to decode, to give
+    reward functions, to compare)."""
+    host = host_rows(rows)
+    flat = torch.cat([r.reshape(-1) for r in host]).tolist() if host else []
+    ends = [0]
+    for r in host:
+        ends.append(ends[-1] + r.numel())
+    return [flat[a:b] for a, b in zip(ends, ends[1:])]
 
 
 class RolloutBatch(TensorClass["nocast"]):

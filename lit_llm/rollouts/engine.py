@@ -42,7 +42,7 @@ from lit_llm.policy.batching import caller_context, in_context
 from lit_llm.policy.rows import read_rows
 from lit_llm.policy.sampling import splitmix64
 from lit_llm.rewards import TrainerState
-from lit_llm.rollouts.batch import RolloutBatch, host_rows
+from lit_llm.rollouts.batch import RolloutBatch, host_lists, host_rows
 from lit_llm.rollouts.settings import RolloutError, RolloutSettings
 
 __all__ = ["RESERVED_KEYS", "RolloutEngine", "RolloutError", "distinct_prompts", "mix_seed", "policy_responses",
@@ -120,7 +120,7 @@ def distinct_prompts(prompts: Sequence[Tensor]) -> tuple[list[Tensor], list[int]
     """Identical prompt ids share one row of ``prompt_ids``: ``(unique prompts in first-seen order, index of each
     prompt's row)``."""
     distinct: dict[tuple[int, ...], int] = {}
-    index = [distinct.setdefault(tuple(p.tolist()), len(distinct)) for p in prompts]
+    index = [distinct.setdefault(tuple(p), len(distinct)) for p in host_lists(prompts)]
     unique: list[Tensor] = [torch.empty(0, dtype=torch.long, device="cpu")] * len(distinct)
     for p, j in zip(prompts, index):
         unique[j] = p
@@ -362,13 +362,14 @@ class RolloutEngine:
 
         t1 = time.perf_counter()
         resp, resp_lp = host_rows(resp), host_rows(resp_lp)  # one device-to-host copy each, not one per row
-        texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in resp]
+        resp_lists = host_lists(resp)
+        texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in resp_lists]
         chat = [not isinstance(p, str) for p in prompts]
         completions = [[{"role": "assistant", "content": t}] if chat[i // g] else t for i, t in enumerate(texts)]
         rep_prompts = [p for p in prompts for _ in range(g)]
         rep_columns = {k: [v for v in col for _ in range(g)] for k, col in columns.items()}
         total, per_fn = self.reward_fn(prompts=rep_prompts, completions=completions,
-                                       completion_ids=[r.tolist() for r in resp], trainer_state=trainer_state,
+                                       completion_ids=resp_lists, trainer_state=trainer_state,
                                        **rep_columns)
         total = torch.as_tensor(total, dtype=torch.float32, device="cpu").reshape(-1)
         advantages, stats = compute_advantages(total, g, scale_rewards=self.scale_rewards,

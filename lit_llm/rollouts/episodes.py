@@ -43,7 +43,7 @@ from torch import Tensor
 from lit_llm.objectives.advantages import compute_advantages
 from lit_llm.policy.batching import caller_context, in_context
 from lit_llm.rewards import TrainerState
-from lit_llm.rollouts.batch import RolloutBatch
+from lit_llm.rollouts.batch import RolloutBatch, host_lists
 from lit_llm.rollouts.engine import (
     RolloutEngine,
     RolloutError,
@@ -397,7 +397,7 @@ class EpisodeEngine(RolloutEngine):
             fn_total, fn_rewards = self.reward_fn(
                 prompts=[t.messages[:t.num_prompt_messages] for t in trajs],
                 completions=[t.completion_messages for t in trajs],
-                completion_ids=[t.completion_ids.tolist() for t in trajs], trainer_state=trainer_state,
+                completion_ids=host_lists([t.completion_ids for t in trajs]), trainer_state=trainer_state,
                 **rep_columns)
             if "env" in fn_rewards:
                 raise RolloutError("a reward function is named 'env', the name of the environment's reward; rename "
