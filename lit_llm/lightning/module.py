@@ -43,6 +43,7 @@ from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig
 from lit_llm.objectives.reduction import deferred_checks
 from lit_llm.objectives.sft import NonFiniteLossError, check_finite
+from lit_llm.policy.frozen_weights import MIXED_COMPUTE_DTYPES, cast_frozen_matmul_weights
 
 __all__ = ["PolicyModule", "check_manual_optimization_options", "check_weights_precision", "load_policy_model"]
 
@@ -133,11 +134,18 @@ class PolicyModule(CheckpointHooks, LightningModule):
     def on_fit_start(self) -> None:
         """Reject Trainer options that do not apply to manual optimisation (with the replacement to use), half
         precision weights (``model.dtype``) under a ``*-mixed`` ``trainer.precision`` and two different chat template
-        settings on the model and the data (see :meth:`_share_template_options`)."""
+        settings on the model and the data (see :meth:`_share_template_options`). Under ``bf16-mixed`` the frozen KL
+        reference copy's ``Linear`` weights (not its norms, embeddings or LM head) are cast to bf16 once: the same
+        numbers as autocast's cast at every forward, which its cache does not keep for frozen weights
+        (:func:`~lit_llm.policy.frozen_weights.cast_frozen_matmul_weights`)."""
         t = self.trainer
         check_manual_optimization_options(t)
         check_weights_precision(self.model, str(t.precision), self.model_config.dtype)
         self._share_template_options(t.datamodule)
+        compute = MIXED_COMPUTE_DTYPES.get(str(t.precision))
+        reference = self.versions.reference_version
+        if compute is not None and reference is not None and reference.model is not self.model:  # not LoRA's base
+            cast_frozen_matmul_weights(reference.model, compute)
 
     def reference_model(self) -> torch.nn.Module:
         """The frozen KL reference (``beta`` / ``kl_coef > 0``): with ``use_peft`` the trained ``PeftModel`` itself (the
