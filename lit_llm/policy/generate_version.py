@@ -96,8 +96,8 @@ class GenerateVersionMixin:
             return None if rows is None else [r for r in rows for _ in range(n)]
 
         dev = self.device
+        gen = self._sample(prompts, seeds, n)  # the prompts as given (on the host: read there, copied once)
         prompts = rows_to_device(prompts, dev)  # each prompt once (its n samples share its prefill), in one copy
-        gen = self._sample(prompts, seeds, n)
         prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
         resp, resp_lp = gen.response_ids, gen.response_log_probs
         full = [torch.cat([p, r]) for p, r in zip(prompts, resp)]

@@ -319,13 +319,18 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
     Raises:
         ValueError: see :func:`check_token_ids` (empty prompt, id outside the vocabulary, prompt plus
             ``max_new_tokens`` longer than the context); ``seeds`` of the wrong length, shape or type, or with an
-            entry that is not an integer (the message names ``seeds``); ``stop_sequences`` without a tokenizer.
+            entry that is not an integer (the message names ``seeds``); ``stop_sequences`` without a tokenizer;
+            ``num_samples`` or ``done_check_every`` not an integer >= 1.
     """
     if device is None:
         device = next(model.parameters()).device
     check_token_ids(model, prompts, extra=config.max_new_tokens, max_context=max_context, what="generate: prompt")
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"generate: num_samples must be an integer >= 1, got {num_samples!r}.")
+    if done_check_every is not None and (isinstance(done_check_every, bool) or not isinstance(done_check_every, int)
+                                         or done_check_every < 1):
+        raise ValueError(f"generate: done_check_every must be an integer >= 1 (or None: by device), got "
+                         f"{done_check_every!r}.")
     device = torch.device(device)
     lengths = [int(p.numel()) for p in prompts]
     batch = len(prompts) * num_samples

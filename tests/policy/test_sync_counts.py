@@ -99,3 +99,11 @@ def test_rows_to_device_copies_once_per_source_device_and_dtype():
     with count_syncs() as counter:
         same = rows_to_device(rows, "cpu")  # already there: nothing copied, the rows themselves
     assert counter.total() == 0 and all(a is b for a, b in zip(same, rows))
+
+
+@pytest.mark.parametrize("every", [0, 2.0, True])
+def test_done_check_every_must_be_a_positive_integer(tiny, tokenizer, every):
+    config = resolve_generation_config({"max_new_tokens": 2}, tiny, tokenizer)
+    with pytest.raises(ValueError, match=rf"^generate: done_check_every must be an integer >= 1 \(or None: by "
+                                         rf"device\), got {every!r}\.$"):
+        generate_tokens(tiny, prompts(), config, done_check_every=every)
