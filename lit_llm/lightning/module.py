@@ -352,7 +352,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
             "train/tokens": self.trained_tokens.float(),
             "train/step_tokens": tokens,
             "train/grad_norm": grad_norm.detach().float(),
-            "train/lr": torch.tensor(float(opt.param_groups[0]["lr"])),
+            "train/lr": torch.tensor(float(opt.param_groups[0]["lr"]), device="cpu"),  # a host number
         }
         if "kl" in summed:
             log["train/kl"] = summed["kl"]
