@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import math
 import time
 from contextlib import nullcontext
 from typing import Any, Literal
@@ -42,7 +41,9 @@ from lit_llm.lightning.policy_setup import (
 )
 from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig
+from lit_llm.objectives.reduction import deferred_checks
 from lit_llm.objectives.sft import NonFiniteLossError, check_finite
+from lit_llm.policy.frozen_weights import MIXED_COMPUTE_DTYPES, cast_frozen_matmul_weights
 
 __all__ = ["PolicyModule", "check_manual_optimization_options", "check_weights_precision", "load_policy_model"]
 
@@ -133,11 +134,18 @@ class PolicyModule(CheckpointHooks, LightningModule):
     def on_fit_start(self) -> None:
         """Reject Trainer options that do not apply to manual optimisation (with the replacement to use), half
         precision weights (``model.dtype``) under a ``*-mixed`` ``trainer.precision`` and two different chat template
-        settings on the model and the data (see :meth:`_share_template_options`)."""
+        settings on the model and the data (see :meth:`_share_template_options`). Under ``bf16-mixed`` the frozen KL
+        reference copy's ``Linear`` weights (not its norms, embeddings or LM head) are cast to bf16 once: the same
+        numbers as autocast's cast at every forward, which its cache does not keep for frozen weights
+        (:func:`~lit_llm.policy.frozen_weights.cast_frozen_matmul_weights`)."""
         t = self.trainer
         check_manual_optimization_options(t)
         check_weights_precision(self.model, str(t.precision), self.model_config.dtype)
         self._share_template_options(t.datamodule)
+        compute = MIXED_COMPUTE_DTYPES.get(str(t.precision))
+        reference = self.versions.reference_version
+        if compute is not None and reference is not None and reference.model is not self.model:  # not LoRA's base
+            cast_frozen_matmul_weights(reference.model, compute)
 
     def reference_model(self) -> torch.nn.Module:
         """The frozen KL reference (``beta`` / ``kl_coef > 0``): with ``use_peft`` the trained ``PeftModel`` itself (the
@@ -213,55 +221,69 @@ class PolicyModule(CheckpointHooks, LightningModule):
         return self.trainer.strategy.reduce(x, reduce_op="sum") if self.trainer.world_size > 1 else x
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        """One optimizer step over ``batch["micro_batches"]`` (see the module docstring)."""
+        """One optimizer step over ``batch["micro_batches"]`` (see the module docstring).
+
+        Host syncs: one per step when nothing fails (issue 28). The micro-batches' losses are checked for NaN/inf and
+        the losses' value checks (:func:`~lit_llm.objectives.reduction.deferred_checks`) are kept on the device until
+        every backward pass has run; then one all-reduced flag tensor (a non-finite loss, a non-finite gradient
+        norm, a failed check, on any rank) is read once, before the optimizer step. A failure raises (or skips, with
+        ``on_nonfinite="skip"``) then, with the weights not updated and the gradients cleared."""
         opt = self.optimizers()
         mbs = batch["micro_batches"]
         step = self.global_step
         normalizer = self._all_sum(self.step_denominator(mbs).float())
         world = self.trainer.world_size
         totals: dict[str, Tensor] = {}
-        bad: list[tuple[Tensor, list[str]]] = []  # (loss, sample ids) of micro-batches with a NaN/inf loss
-        for i, mb in enumerate(mbs):
-            sync = i == len(mbs) - 1
-            block = getattr(self.trainer.strategy, "block_backward_sync", None)
-            with nullcontext() if sync or block is None else block():
-                loss, stats = self.micro_batch_loss(mb, normalizer)
-                if not math.isfinite(float(loss.detach())):
-                    bad.append((loss.detach(), self.micro_batch_ids(mb)))
-                    if world == 1 and self.on_nonfinite == "raise":
-                        check_finite(loss.detach(), step=step, sample_ids=bad[-1][1])  # raises before backward
-                self.manual_backward(loss * world)
-            for k, v in stats.items():
-                totals[k] = totals.get(k, 0) + v
+        losses: list[Tensor] = []  # detached, one per micro-batch: read on the host once, with the step's flags
+        with deferred_checks() as checks:
+            for i, mb in enumerate(mbs):
+                sync = i == len(mbs) - 1
+                block = getattr(self.trainer.strategy, "block_backward_sync", None)
+                with nullcontext() if sync or block is None else block():
+                    loss, stats = self.micro_batch_loss(mb, normalizer)
+                    losses.append(loss.detach().float().reshape(()))
+                    self.manual_backward(loss * world)
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0) + v
         real = [self.micro_batch_real_tokens(mb) for mb in mbs]
         if all(r is not None for r in real):  # every non-padding token that went through the model
             totals["real_tokens"] = sum(real).float()
+        nonfinite = ~torch.isfinite(torch.stack(losses))
+        on = nonfinite.device
         params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or float("inf")) if params else \
+            torch.zeros((), device=on)
+        failed = checks.failed()
+        local = torch.stack([nonfinite.any(), ~torch.isfinite(grad_norm.detach()).reshape(()),
+                             failed if failed is not None else torch.zeros((), dtype=torch.bool, device=on)])
         # Every rank takes the same decision (a rank that raised alone would leave the others waiting).
-        flags = self._all_sum(torch.tensor([float(bool(bad)), float(not math.isfinite(float(grad_norm)))],
-                                           device=self.device))
-        if flags.sum().item() > 0:
+        flags = self._all_sum(local.float()).tolist()  # the step's one host read
+        if any(f > 0 for f in flags):
+            opt.zero_grad(set_to_none=True)
+            checks.verify()  # this rank's failed check raises its own error
+            if flags[2] > 0:
+                raise ValueError(f"A loss input check failed on another rank at step {step} (its error names the "
+                                 f"input); the weights were not updated.")
+            bad = [(loss, self.micro_batch_ids(mb)) for loss, mb, b in zip(losses, mbs, nonfinite.tolist()) if b]
             if self.on_nonfinite == "raise":
                 if bad:
                     check_finite(bad[0][0], step=step, sample_ids=bad[0][1])
                 ids = [s for mb in mbs for s in self.micro_batch_ids(mb)]
-                where = "on another rank" if flags[0].item() > 0 else f"(gradient norm {float(grad_norm)})"
+                where = "on another rank" if flags[0] > 0 else f"(gradient norm {float(grad_norm)})"
                 raise NonFiniteLossError(
                     f"Non-finite loss or gradient {where} at step {step}; this rank's sample ids: {ids[:32]}. The "
                     f"weights were not updated. Fix: inspect those rows, lower the learning rate, or set "
                     f"model.on_nonfinite skip.")
-            opt.zero_grad(set_to_none=True)
             self.skipped_steps += 1
             self.log("train/skipped_steps", self.skipped_steps.float(), on_step=True, batch_size=1)
-            return torch.tensor(float("nan"))
+            return torch.full((), float("nan"), device=self.device)
         opt.step()
         opt.zero_grad(set_to_none=True)
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()
         self._log_step(totals, grad_norm, opt)
-        return totals.get("loss", torch.zeros(()))
+        return totals.get("loss", torch.zeros((), device=self.device))
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._step_start is None:
@@ -320,7 +342,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
         now = time.perf_counter()
         elapsed = now - (self._step_start or now)
         self._step_start = now
-        n = max(float(tokens), 1.0)
+        n = tokens.clamp(min=1.0)  # no host read: the same float32 division as by float(tokens)
         log = {
             "train/loss": summed["loss"],
             "train/nll": summed["nll_sum"] / n,
@@ -330,14 +352,14 @@ class PolicyModule(CheckpointHooks, LightningModule):
             "train/tokens": self.trained_tokens.float(),
             "train/step_tokens": tokens,
             "train/grad_norm": grad_norm.detach().float(),
-            "train/lr": torch.tensor(float(opt.param_groups[0]["lr"])),
+            "train/lr": torch.tensor(float(opt.param_groups[0]["lr"]), device="cpu"),  # a host number
         }
         if "kl" in summed:
             log["train/kl"] = summed["kl"]
         if elapsed > 0:  # trained (loss-masked) tokens and all non-padding tokens per second of wall time
-            log["train/tokens_per_sec"] = torch.tensor(float(tokens) / elapsed)
+            log["train/tokens_per_sec"] = (tokens.double() / elapsed).float()
             if "real_tokens" in summed:
-                log["train/real_tokens_per_sec"] = torch.tensor(float(summed["real_tokens"]) / elapsed)
+                log["train/real_tokens_per_sec"] = (summed["real_tokens"].double() / elapsed).float()
         self.log_dict(log, on_step=True, on_epoch=False, prog_bar=False, batch_size=1)
         self.log("loss", summed["loss"], prog_bar=True, on_step=True, on_epoch=False, batch_size=1, logger=False)
 

@@ -6,7 +6,7 @@ Pure tensor code, no Lightning: inputs are ``[B, T]`` tensors aligned to ``token
 
 from lit_llm.objectives.correction import mismatch_metrics, rollout_correction_weights
 from lit_llm.objectives.grpo import GRPOObjective, compute_advantages, effective_completion_mask, grpo_loss
-from lit_llm.objectives.reduction import k3_kl
+from lit_llm.objectives.reduction import deferred_checks, k3_kl
 from lit_llm.objectives.sft import NonFiniteLossError, check_finite, loss_mask, sft_loss, sft_step_count
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "NonFiniteLossError",
     "check_finite",
     "compute_advantages",
+    "deferred_checks",
     "effective_completion_mask",
     "grpo_loss",
     "k3_kl",

@@ -40,7 +40,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from lit_llm.objectives.reduction import check_per_token, k3_kl
+from lit_llm.objectives.reduction import check_per_token, k3_kl, masked_min_max
 
 __all__ = ["ROLLOUT_CORRECTIONS", "RolloutCorrection", "RolloutWeights", "check_rollout_correction",
            "mismatch_metrics", "rollout_correction_weights"]
@@ -146,10 +146,8 @@ def mismatch_metrics(log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor)
     k3 = k3_kl(rollout_log_probs.detach(), lp, mask)
     n = mask.sum()
     count = n.float().clamp(min=1.0)
-    one = torch.ones((), device=lp.device)
-    ratio = torch.exp((lp - rollout_log_probs.detach())[mask]).float()
-    empty = ratio.numel() == 0
+    lo, hi = masked_min_max(torch.exp(lp - rollout_log_probs.detach()).float(), mask)
     return {"mismatch/kl": torch.where(mask, k3, 0.0).sum().float() / count,
-            "mismatch/ratio_min": one if empty else ratio.min(),
-            "mismatch/ratio_max": one if empty else ratio.max(),
+            "mismatch/ratio_min": lo,
+            "mismatch/ratio_max": hi,
             "mismatch/num_tokens": n.float()}

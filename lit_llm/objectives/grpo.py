@@ -36,7 +36,7 @@ from lit_llm.objectives.correction import (
     rollout_correction_weights,
 )
 from lit_llm.objectives.loss_types import LOSS_TYPES, LossType, LossTypeName, get_loss_type
-from lit_llm.objectives.reduction import as_bool_mask, check_per_token, k3_kl
+from lit_llm.objectives.reduction import as_bool_mask, check_per_token, check_value, k3_kl, masked_min_max
 
 __all__ = ["ADVANTAGE_ESTIMATORS", "LOSS_TYPES", "AdvantageEstimator", "GRPOObjective", "ScaleRewards",
            "check_advantage_settings", "check_num_generations", "compute_advantages", "effective_completion_mask",
@@ -219,8 +219,8 @@ def grpo_loss(
     if not isinstance(advantages, Tensor) or tuple(advantages.shape) != (b,):
         shape = tuple(advantages.shape) if isinstance(advantages, Tensor) else type(advantages).__name__
         raise ValueError(f"advantages must be a [B]={b} tensor (one per completion), got {shape}.")
-    if not torch.isfinite(advantages).all():
-        raise ValueError("advantages holds NaN/inf; check the rewards fed to compute_advantages.")
+    check_value(~torch.isfinite(advantages).all(),
+                lambda: ValueError("advantages holds NaN/inf; check the rewards fed to compute_advantages."))
     eps_low = epsilon
     eps_high = epsilon if epsilon_high is None else epsilon_high
     if beta > 0 and ref_log_probs is None:
@@ -276,22 +276,23 @@ def grpo_loss(
 
     count = num_tokens.float().clamp(min=1.0)
     r_det = ratio.detach()
-    empty = num_tokens.item() == 0
+    empty = num_tokens == 0  # on the device: the metrics of an empty mask are 1, chosen without a host read
     one = torch.ones((), device=log_probs.device)
+    lo, hi = masked_min_max(r_det, mask)
     metrics = {
         "loss": loss.detach().float(),
         "clip_ratio/low_mean": _masked_mean(low.float(), mask, count),
         "clip_ratio/high_mean": _masked_mean(high.float(), mask, count),
         "clip_ratio/region_mean": _masked_mean((low | high).float(), mask, count),
-        "ratio_mean": _masked_mean(r_det, mask, count) if not empty else one,
-        "ratio_min": r_det[mask].min().float() if not empty else one,
-        "ratio_max": r_det[mask].max().float() if not empty else one,
+        "ratio_mean": torch.where(empty, one, _masked_mean(r_det, mask, count)),
+        "ratio_min": lo,
+        "ratio_max": hi,
         "num_tokens": num_tokens.float(),
         "normalizer": denom.detach().float(),
         **extra,
     }
     if weight is not None:
-        metrics["rollout_correction/weight_mean"] = _masked_mean(weight, mask, count) if not empty else one
+        metrics["rollout_correction/weight_mean"] = torch.where(empty, one, _masked_mean(weight, mask, count))
     if kl is not None:
         metrics["kl"] = _masked_mean(kl, mask, count)
     if entropy is not None:
@@ -395,7 +396,7 @@ class GRPOObjective:
             old_log_probs, rollout_log_probs: ``[B, T]`` (needed with a ``*_mask`` rollout correction).
         """
         if self.rule.counts == "sequences":
-            return torch.tensor(loss_mask.shape[0], device=loss_mask.device)
+            return torch.full((), loss_mask.shape[0], dtype=torch.long, device=loss_mask.device)
         return self.loss_tokens(loss_mask, truncated, old_log_probs, rollout_log_probs).sum()
 
     def __call__(self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, *,

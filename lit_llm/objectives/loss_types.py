@@ -143,7 +143,7 @@ class Grpo(LossType):
 
     def reduce(self, per_token: Tensor, seq_counts: Tensor, num_tokens: Tensor, step_count: Tensor | float | None,
                max_completion_length: int | None) -> tuple[Tensor, Tensor]:
-        local = torch.tensor(per_token.shape[0], device=per_token.device)
+        local = torch.full((), per_token.shape[0], dtype=torch.long, device=per_token.device)
         denom = resolve_normalizer(local, step_count, name="num_sequences_in_batch")
         return (per_token.sum(-1) / seq_counts.clamp(min=1)).sum() / denom, denom
 
@@ -170,7 +170,7 @@ class DrGrpo(LossType):
     def reduce(self, per_token: Tensor, seq_counts: Tensor, num_tokens: Tensor, step_count: Tensor | float | None,
                max_completion_length: int | None) -> tuple[Tensor, Tensor]:
         self._check_length(max_completion_length)
-        local = torch.tensor(per_token.shape[0], device=per_token.device)
+        local = torch.full((), per_token.shape[0], dtype=torch.long, device=per_token.device)
         denom = resolve_normalizer(local, step_count, name="num_sequences_in_batch") * max_completion_length
         return per_token.sum() / denom, denom
 

@@ -12,10 +12,74 @@ DDP averages gradients over ranks) must multiply the loss by ``accumulate_grad_b
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
 import torch
 from torch import Tensor
 
-__all__ = ["as_bool_mask", "check_per_token", "k3_kl", "resolve_normalizer"]
+__all__ = ["DeferredChecks", "as_bool_mask", "check_per_token", "check_value", "deferred_checks", "k3_kl",
+           "masked_min_max", "resolve_normalizer"]
+
+_ACTIVE = threading.local()  # .checks: the DeferredChecks of the innermost deferred_checks() block of this thread
+
+
+class DeferredChecks:
+    """The value checks of a block (one optimizer step), kept on the device and read on the host once: a check of a
+    tensor's values is a device-to-host sync, and a loss makes several per micro-batch (issue 28).
+
+    Each entry is a 0-d bool tensor (True = failed) and the function that builds its error (called only on failure,
+    so a message may read the tensors then).
+    """
+
+    def __init__(self) -> None:
+        self._failed: list[Tensor] = []
+        self._errors: list[Callable[[], Exception]] = []
+
+    def add(self, failed: Tensor, error: Callable[[], Exception]) -> None:
+        self._failed.append(failed.reshape(()))
+        self._errors.append(error)
+
+    def failed(self) -> Tensor | None:
+        """0-d bool: whether any check failed (on the device, not read), or ``None`` when nothing was checked."""
+        return torch.stack(self._failed).any() if self._failed else None
+
+    def verify(self) -> None:
+        """Raise the error of the first failed check (one host read; nothing when every check passed)."""
+        if not self._failed:
+            return
+        for failed, error in zip(torch.stack(self._failed).tolist(), self._errors):
+            if failed:
+                raise error()
+
+
+@contextlib.contextmanager
+def deferred_checks() -> Iterator[DeferredChecks]:
+    """Inside the block, :func:`check_value` (the losses' value checks) records its checks in the yielded
+    :class:`DeferredChecks` instead of reading them at once; the caller verifies them
+    (:meth:`DeferredChecks.verify`, or folded into its own host read with :meth:`DeferredChecks.failed`). Used by
+    :meth:`lit_llm.lightning.module.PolicyModule.training_step` around the micro-batches of a step. Thread-local."""
+    checks, previous = DeferredChecks(), getattr(_ACTIVE, "checks", None)
+    _ACTIVE.checks = checks
+    try:
+        yield checks
+    finally:
+        _ACTIVE.checks = previous
+
+
+def check_value(failed: Tensor, error: Callable[[], Exception]) -> None:
+    """Raise ``error()`` when the 0-d bool tensor ``failed`` is True: at once (one host read), or, inside
+    :func:`deferred_checks`, when that block's owner verifies the block's checks.
+
+    Raises:
+        Exception: ``error()``, outside :func:`deferred_checks` and when ``failed``.
+    """
+    checks = getattr(_ACTIVE, "checks", None)
+    if checks is not None:
+        checks.add(failed, error)
+    elif bool(failed):
+        raise error()
 
 
 def as_bool_mask(mask: Tensor, *, name: str, shape: torch.Size | tuple[int, ...] | None = None) -> Tensor:
@@ -94,6 +158,24 @@ def k3_kl(log_probs: Tensor, ref_log_probs: Tensor, mask: Tensor) -> Tensor:
     return torch.expm1(delta) - delta  # exp(d) - 1 - d, accurate for small d
 
 
+def masked_min_max(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The min and max of ``x`` over ``mask`` as 0-d float32 tensors, 1.0 each when ``mask`` is empty, without a
+    host read (``x[mask].min()`` sizes its output from the mask's values: a sync on a GPU).
+
+    Args:
+        x: ``[B, T]`` float (e.g. importance ratios).
+        mask: ``[B, T]`` bool.
+
+    Returns:
+        ``(min, max)``: equal to ``x[mask].min()`` and ``x[mask].max()`` (NaN when a masked value is NaN).
+    """
+    empty = ~mask.any()
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    lo = torch.where(mask, x, torch.full_like(x, float("inf"))).amin().float()
+    hi = torch.where(mask, x, torch.full_like(x, float("-inf"))).amax().float()
+    return torch.where(empty, one, lo), torch.where(empty, one, hi)
+
+
 def resolve_normalizer(local_count: Tensor, normalizer: float | int | Tensor | None, *, name: str) -> Tensor:
     """Return the denominator of a step-normalised loss: ``normalizer`` if given, else ``local_count``.
 
@@ -107,19 +189,31 @@ def resolve_normalizer(local_count: Tensor, normalizer: float | int | Tensor | N
         0-d float32 tensor on ``local_count``'s device, clamped to at least 1 so that an empty micro-batch gives 0.
 
     Raises:
-        ValueError: ``normalizer`` is not finite, negative, or smaller than ``local_count`` (a step count can never
-            be below the count of one of its micro-batches; usually the count was taken before a mask was applied).
+        ValueError: ``normalizer`` is not a scalar, not finite, negative, or smaller than ``local_count`` (a step
+            count can never be below the count of one of its micro-batches; usually the count was taken before a mask
+            was applied). The value checks are :func:`check_value`'s (deferred inside :func:`deferred_checks`).
     """
     local = local_count.to(torch.float32)
     if normalizer is None:
         return local.clamp(min=1.0)
-    norm = torch.as_tensor(normalizer, dtype=torch.float32, device=local.device).detach()
-    if norm.numel() != 1 or not torch.isfinite(norm).all() or norm.item() < 0:
-        raise ValueError(f"{name} must be a finite non-negative scalar count, got {normalizer!r}.")
+    if isinstance(normalizer, (int, float)):  # a host number: filled on the device, no host-to-device copy
+        norm = torch.full((), float(normalizer), dtype=torch.float32, device=local.device)
+    else:
+        norm = torch.as_tensor(normalizer, dtype=torch.float32, device=local.device).detach()
+    def bad_value() -> ValueError:  # built only on failure: a tensor's repr reads its values
+        return ValueError(f"{name} must be a finite non-negative scalar count, got {normalizer!r}.")
+
+    if norm.numel() != 1:
+        raise bad_value()
     norm = norm.reshape(())
-    if norm.item() < local.item():
-        raise ValueError(
+    invalid = ~torch.isfinite(norm) | (norm < 0)
+
+    def error() -> ValueError:
+        if bool(invalid):
+            return bad_value()
+        return ValueError(
             f"{name}={norm.item():g} is smaller than this micro-batch's own count {local.item():g}; it must count "
-            f"the whole optimizer step (all micro-batches, all ranks) after every mask (incl. truncation masking)."
-        )
+            f"the whole optimizer step (all micro-batches, all ranks) after every mask (incl. truncation masking).")
+
+    check_value(invalid | (norm < local), error)
     return norm.clamp(min=1.0)

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lit_llm.objectives.reduction import as_bool_mask, check_per_token, k3_kl, resolve_normalizer
+from lit_llm.objectives.reduction import as_bool_mask, check_per_token, check_value, k3_kl, resolve_normalizer
 from lit_llm.policy.heads import Head, head_positions, scorable_positions
 
 __all__ = ["NonFiniteLossError", "check_finite", "loss_mask", "sft_loss", "sft_step_count"]
@@ -126,9 +126,9 @@ def sft_loss(
     if reduction == "sum" and normalizer is not None:
         raise ValueError("normalizer must be None with reduction='sum' (a sum has no denominator).")
     num_tokens = mask.sum()
-    if num_tokens.item() == 0:
-        raise ValueError("mask selects no token in this micro-batch (every row has an empty loss mask); drop samples "
-                         "with no trainable tokens before batching (e.g. after max_length truncation).")
+    check_value(num_tokens == 0, lambda: ValueError(
+        "mask selects no token in this micro-batch (every row has an empty loss mask); drop samples with no trainable "
+        "tokens before batching (e.g. after max_length truncation)."))
     seq_counts = mask.sum(-1)
     num_sequences = (seq_counts > 0).sum()
 

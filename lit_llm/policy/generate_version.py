@@ -13,7 +13,7 @@ from tensordict import NestedKey, TensorDictBase
 from torch import Tensor
 
 from lit_llm.data.containers import ChatHistory, LogProbs, Masks, Text, Tokens
-from lit_llm.policy.generation import GenerationOutput, generate_tokens
+from lit_llm.policy.generation import GenerationOutput, generate_tokens, rows_to_device
 from lit_llm.policy.inputs import check_id_dtype, history_rows
 from lit_llm.policy.logprobs import base_causal_lm
 from lit_llm.policy.rows import read_rows, read_strings
@@ -96,8 +96,8 @@ class GenerateVersionMixin:
             return None if rows is None else [r for r in rows for _ in range(n)]
 
         dev = self.device
-        prompts = [p.to(dev) for p in prompts]  # each prompt once: its n samples share its prefill
-        gen = self._sample(prompts, seeds, n)
+        gen = self._sample(prompts, seeds, n)  # the prompts as given (on the host: read there, copied once)
+        prompts = rows_to_device(prompts, dev)  # each prompt once (its n samples share its prefill), in one copy
         prompts, texts, hists, prompt_am = rep(prompts), rep(texts), rep(hists), rep(prompt_am)
         resp, resp_lp = gen.response_ids, gen.response_log_probs
         full = [torch.cat([p, r]) for p, r in zip(prompts, resp)]

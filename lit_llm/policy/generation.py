@@ -48,6 +48,7 @@ from lit_llm.policy.generation_config import (
 from lit_llm.policy.sampling import _check_seeds, _row_uniforms, row_seed, sample_from_probs
 
 __all__ = [
+    "DONE_CHECK_EVERY",
     "PREFIX_DEPENDENT_GENERATE_KWARGS",
     "SUPPORTED_GENERATE_KWARGS",
     "UNSUPPORTED_GENERATE_KWARGS",
@@ -60,6 +61,7 @@ __all__ = [
     "prefix_dependent_settings",
     "resolve_generation_config",
     "row_seed",
+    "rows_to_device",
     "sample_from_probs",
     "standardize_generate_kwargs",
     "unique_rows",
@@ -177,8 +179,9 @@ def check_token_ids(model: Any, rows: Sequence[Tensor], *, extra: int = 0, max_c
             raise ValueError(f"{what} row {b} has dtype {r.dtype}; token ids must be an integer tensor (torch.long).")
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     vocab = getattr(emb, "num_embeddings", None) or getattr(getattr(model, "config", None), "vocab_size", None)
-    if vocab is not None:
-        for b, r in enumerate(rows):
+    flat = torch.cat([r.reshape(-1) for r in rows]) if vocab is not None and rows else None
+    if flat is not None and bool(((flat < 0) | (flat >= vocab)).any()):  # one host read for every row
+        for b, r in enumerate(rows):  # only on failure: name the first bad row
             bad = (r < 0) | (r >= vocab)
             if bool(bad.any()):
                 pos = int(bad.nonzero()[0])
@@ -219,11 +222,41 @@ def unique_rows(ids: Tensor, lengths: list[int]) -> tuple[Tensor, Tensor | None]
     return unique, torch.tensor(keys, dtype=torch.long, device=ids.device)
 
 
+#: Decode steps between two host reads of "is every row done?" on an accelerator (:func:`generate_tokens`
+#: ``done_check_every``): at most 7 extra steps after the last row stops, for no host-device round trip in between.
+DONE_CHECK_EVERY = 8
+
+
+def rows_to_device(rows: Sequence[Tensor], device: torch.device | str) -> list[Tensor]:
+    """``rows`` on ``device``, copied in **one** transfer per source device and dtype (concatenated, copied, split
+    back) instead of one per row: each ``.to(device)`` / ``.cpu()`` of a row is a blocking copy, a host sync on CUDA.
+
+    Args:
+        rows: tensors of any shapes, dtypes and devices (e.g. the ``B`` prompts of a batch, or its sampled rows).
+        device: where they go.
+
+    Returns:
+        ``len(rows)`` tensors on ``device``, each with its row's shape and dtype: the rows already there unchanged,
+        the copied ones views of one buffer per group (autograd follows the copy, as with ``.to``).
+    """
+    device = torch.device(device)
+    out = list(rows)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, r in enumerate(out):
+        if r.device != device:
+            groups.setdefault((r.device, r.dtype), []).append(i)
+    for idx in groups.values():
+        flat = torch.cat([out[i].reshape(-1) for i in idx]).to(device)
+        for i, part in zip(idx, flat.split([out[i].numel() for i in idx])):
+            out[i] = part.view(out[i].shape)
+    return out
+
+
 @torch.no_grad()
 def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationConfig, *,
                     device: torch.device | None = None, max_context: int | None = None,
                     seeds: Sequence[int] | Tensor | None = None, tokenizer: Any = None,
-                    num_samples: int = 1) -> GenerationOutput:
+                    num_samples: int = 1, done_check_every: int | None = None) -> GenerationOutput:
     """Decode every prompt with a KV cache; stop each row at its first eos id; keep ids and their log-probs.
 
     Prompts are left-padded into ``[B, P]`` with an attention mask built from their lengths (never from
@@ -265,6 +298,19 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
             :func:`row_seed`.
         tokenizer: decodes responses for ``config.stop_sequences`` (required then, unused otherwise).
         num_samples: samples per prompt (>= 1).
+        done_check_every: decode steps between two reads of "is every row done?" on the host (each one a
+            device-to-host sync: on a GPU the host then waits for the step instead of queueing the next ones).
+            ``None``: every step on the CPU (a read costs nothing there, a decode step past the end costs a forward
+            pass), every :data:`DONE_CHECK_EVERY` steps elsewhere. The outputs are the same for every value (steps
+            past the last stop only decode padding, cut off by the rows' lengths); only the work after the last
+            stop (at most ``done_check_every - 1`` extra steps) and, when sampling from the global RNG (no
+            ``seeds``), the draws taken from it differ. With ``stop_sequences`` the host decodes every step anyway
+            and stops as soon as every row is done.
+
+    Host syncs (DESIGN.md "Memory and speed", issue 28): the prompts are padded where they are and copied to
+    ``device`` once; each decode step reads nothing back (the done check above aside; ``stop_sequences`` read the
+    step's sampled ids, one copy per step); the row lengths are read once at the end. Transformers' row-dependent
+    processors (``no_repeat_ngram_size``) read each row's ids themselves.
 
     Returns:
         :class:`GenerationOutput` with per-row ids, log-probs and truncation flags (``B * num_samples`` rows,
@@ -273,29 +319,42 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
     Raises:
         ValueError: see :func:`check_token_ids` (empty prompt, id outside the vocabulary, prompt plus
             ``max_new_tokens`` longer than the context); ``seeds`` of the wrong length, shape or type, or with an
-            entry that is not an integer (the message names ``seeds``); ``stop_sequences`` without a tokenizer.
+            entry that is not an integer (the message names ``seeds``); ``stop_sequences`` without a tokenizer;
+            ``num_samples`` or ``done_check_every`` not an integer >= 1.
     """
     if device is None:
         device = next(model.parameters()).device
     check_token_ids(model, prompts, extra=config.max_new_tokens, max_context=max_context, what="generate: prompt")
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"generate: num_samples must be an integer >= 1, got {num_samples!r}.")
+    if done_check_every is not None and (isinstance(done_check_every, bool) or not isinstance(done_check_every, int)
+                                         or done_check_every < 1):
+        raise ValueError(f"generate: done_check_every must be an integer >= 1 (or None: by device), got "
+                         f"{done_check_every!r}.")
+    device = torch.device(device)
     lengths = [int(p.numel()) for p in prompts]
     batch = len(prompts) * num_samples
     seed_list = _check_seeds(seeds, batch) if seeds is not None else None
-    ids = pad_rows([p.to(device=device, dtype=torch.long) for p in prompts], config.pad_token_id)
-    attn = pad_rows([torch.ones(n, dtype=torch.long, device=device) for n in lengths], 0)
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    # padded where the prompts are (the host, usually), then one copy to the device for everything built here
+    ids = pad_rows([p.to(dtype=torch.long) for p in prompts], config.pad_token_id)
+    width = ids.shape[1]
+    attn = (torch.arange(width, device=ids.device) >= torch.tensor([width - n for n in lengths],
+                                                                     device=ids.device)[:, None]).long()
+    eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=ids.device)
     if num_samples > 1:  # the caller's groups: every prompt prefilled once, its cache copied to its samples
+        ids, attn, eos = rows_to_device([ids, attn, eos], device)
         unique = torch.arange(len(prompts), device=device)
         inverse: Tensor | None = unique.repeat_interleave(num_samples)
     else:  # plain rows: identical prompts (found by their ids) prefilled once
         unique, inverse = unique_rows(ids, lengths)
+        ids, attn, eos, unique, *inv = rows_to_device(
+            [ids, attn, eos, unique, *([] if inverse is None else [inverse])], device)
+        inverse = inv[0] if inv else None
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     prefill = {"input_ids": ids[unique], "attention_mask": attn[unique], "position_ids": position_ids[unique]}
     if num_samples > 1:
         lengths = [n for n in lengths for _ in range(num_samples)]
         ids, attn, position_ids = ids[inverse], attn[inverse], position_ids[inverse]
-    eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=device)
     row_procs, warpers = _processors(config)
     stop_strings = _StopStrings(tokenizer, config.stop_sequences, batch) if config.stop_sequences else None
     cache_kw = cache_kwarg(model)
@@ -315,11 +374,16 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
             out.logits = out.logits[inverse]
     uniforms = None
     if seed_list is not None and config.do_sample:
-        uniforms = _row_uniforms(seed_list, config.max_new_tokens, torch.device(device))
+        uniforms = _row_uniforms(seed_list, config.max_new_tokens, device)
+    check_every = done_check_every if done_check_every is not None else (1 if device.type == "cpu" else
+                                                                          DONE_CHECK_EVERY)
     seq = ids
     done = torch.zeros(batch, dtype=torch.bool, device=device)
+    done_host = [False] * batch if stop_strings is not None else None  # stop strings: the host knows every stop
+    eos_set = frozenset(config.eos_token_ids)
     ended = torch.zeros(batch, dtype=torch.bool, device=device)  # stopped by an eos id or a stop string
     end_len = torch.full((batch,), config.max_new_tokens, dtype=torch.long, device=device)
+    new_column = torch.ones(batch, 1, dtype=attn.dtype, device=device)
     steps_ids: list[Tensor] = []
     steps_lp: list[Tensor] = []
     for step in range(config.max_new_tokens):
@@ -349,17 +413,25 @@ def generate_tokens(model: Any, prompts: Sequence[Tensor], config: GenerationCon
         steps_ids.append(nxt)
         steps_lp.append(lp.masked_fill(done, 0.0))
         stop = torch.isin(nxt, eos) & ~done
-        if stop_strings is not None:
+        all_done = None  # known on the host without a sync (stop strings), else read every check_every steps
+        if stop_strings is not None:  # the one host read of the step: the sampled ids, to decode
             can_stop = step + 1 >= config.min_new_tokens
-            hits = stop_strings.hit(nxt.tolist(), [not d for d in done.tolist()], can_stop=can_stop)
+            host_ids = nxt.tolist()
+            hits = stop_strings.hit(host_ids, [not d for d in done_host], can_stop=can_stop)
             stop = stop | torch.tensor(hits, dtype=torch.bool, device=device)
+            done_host = [d or h or i in eos_set for d, h, i in zip(done_host, hits, host_ids)]
+            all_done = all(done_host)
         end_len = torch.where(stop, torch.full_like(end_len, step + 1), end_len)
         ended = ended | stop
         done = done | stop
-        if bool(done.all()) or step == config.max_new_tokens - 1:
+        if step == config.max_new_tokens - 1:
+            break
+        if all_done is None and (step + 1) % check_every == 0:
+            all_done = bool(done.all())
+        if all_done:
             break
         seq = torch.cat([seq, nxt[:, None]], dim=1)
-        attn = torch.cat([attn, torch.ones(batch, 1, dtype=attn.dtype, device=device)], dim=1)
+        attn = torch.cat([attn, new_column], dim=1)
         out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=attn.sum(-1, keepdim=True) - 1,
                     use_cache=True, **{cache_kw: cache})
         cache = out.get("cache", None) or out.get("past_key_values", None)

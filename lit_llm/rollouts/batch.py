@@ -49,13 +49,38 @@ import torch
 from tensordict import TensorClass, TensorDict
 from torch import Tensor
 
-from lit_llm.policy.generation import pad_rows
+from lit_llm.policy.generation import pad_rows, rows_to_device
 
-__all__ = ["RolloutBatch"]
+__all__ = ["RolloutBatch", "host_lists", "host_rows"]
+
+_CPU = torch.device("cpu")
 
 
 def _pad(rows: Sequence[Tensor], value: int | float | bool, side: str, dtype: torch.dtype) -> Tensor:
-    return pad_rows([r.to(dtype) for r in rows], value, side=side) if rows else torch.zeros(0, 0, dtype=dtype)
+    return pad_rows([r.to(dtype) for r in rows], value, side=side) if rows else torch.zeros(0, 0, dtype=dtype,
+                                                                                            device=_CPU)
+
+
+def host_rows(rows: Sequence[Tensor]) -> list[Tensor]:
+    """``rows`` detached and on the host, the ones on a device copied in one transfer per dtype
+    (:func:`~lit_llm.policy.generation.rows_to_device`) instead of one ``.cpu()`` per row (each a device-to-host
+    sync on CUDA).
+
+    Returns:
+        ``len(rows)`` host tensors with the rows' shapes and dtypes (rows already on the host: detached, not copied).
+    """
+    return rows_to_device([r.detach() for r in rows], _CPU)
+
+
+def host_lists(rows: Sequence[Tensor]) -> list[list]:
+    """``rows`` (1-D, one dtype) as Python lists, read in one host copy and one ``tolist`` (ids to decode, to give
+    reward functions, to compare)."""
+    host = host_rows(rows)
+    flat = torch.cat([r.reshape(-1) for r in host]).tolist() if host else []
+    ends = [0]
+    for r in host:
+        ends.append(ends[-1] + r.numel())
+    return [flat[a:b] for a, b in zip(ends, ends[1:])]
 
 
 class RolloutBatch(TensorClass["nocast"]):
@@ -117,7 +142,7 @@ class RolloutBatch(TensorClass["nocast"]):
                 ``prompt_index`` outside ``[0, P)``, or log-probs / loss masks of another length than their row.
         """
         n = len(completions)
-        index = torch.as_tensor(prompt_index, dtype=torch.long).reshape(-1)
+        index = torch.as_tensor(prompt_index, dtype=torch.long, device=_CPU).reshape(-1)
         named = {"prompt_index": len(index), "old_log_probs": len(old_log_probs), "truncated": len(truncated),
                  "group": len(group), "reward": int(torch.as_tensor(reward).numel()),
                  "advantage": int(torch.as_tensor(advantage).numel())}
@@ -141,26 +166,29 @@ class RolloutBatch(TensorClass["nocast"]):
             if lp.numel() != c.numel() or (loss_masks is not None and loss_masks[i].numel() != c.numel()):
                 raise ValueError(f"RolloutBatch.from_rows: row {i}: old_log_probs / loss_masks must have one entry "
                                  f"per completion token ({c.numel()}).")
-        cpu = [c.detach().cpu().long().reshape(-1) for c in completions]
-        lens = [torch.ones(int(c.numel()), dtype=torch.bool) for c in cpu]
-        gen_lp = _pad([lp.detach().cpu().float().reshape(-1) for lp in old_log_probs], 0.0, "right", torch.float32)
+        # every per-row tensor to the host in one copy per dtype (rows sampled on a GPU: no sync per row)
+        host = host_rows([*completions, *old_log_probs, *prompts, *(loss_masks or [])])
+        cpu = [c.long().reshape(-1) for c in host[:n]]
+        lens = [torch.ones(int(c.numel()), dtype=torch.bool, device=_CPU) for c in cpu]
+        gen_lp = _pad([lp.float().reshape(-1) for lp in host[n:2 * n]], 0.0, "right", torch.float32)
+        host_prompts = host[2 * n:2 * n + len(prompts)]
         return cls(
-            prompt_ids=_pad([p.detach().cpu().long().reshape(-1) for p in prompts], pad_token_id, "left", torch.long),
-            prompt_mask=_pad([torch.ones(int(p.numel()), dtype=torch.bool) for p in prompts], False, "left",
-                             torch.bool),
+            prompt_ids=_pad([p.long().reshape(-1) for p in host_prompts], pad_token_id, "left", torch.long),
+            prompt_mask=_pad([torch.ones(int(p.numel()), dtype=torch.bool, device=_CPU) for p in prompts], False,
+                             "left", torch.bool),
             completion_ids=_pad(cpu, pad_token_id, "right", torch.long),
             completion_mask=_pad(lens, False, "right", torch.bool),
-            loss_mask=_pad(lens if loss_masks is None else [m.detach().cpu().bool() for m in loss_masks], False,
+            loss_mask=_pad(lens if loss_masks is None else [m.bool() for m in host[2 * n + len(prompts):]], False,
                            "right", torch.bool),
             prompt_index=index,
             old_log_probs=gen_lp, rollout_log_probs=gen_lp.clone(),
-            reward=torch.as_tensor(reward, dtype=torch.float32).reshape(-1).cpu(),
-            advantage=torch.as_tensor(advantage, dtype=torch.float32).reshape(-1).cpu(),
+            reward=torch.as_tensor(reward, dtype=torch.float32, device=_CPU).reshape(-1),
+            advantage=torch.as_tensor(advantage, dtype=torch.float32, device=_CPU).reshape(-1),
             truncated=torch.as_tensor(list(truncated) if not isinstance(truncated, Tensor) else truncated,
-                                      dtype=torch.bool).reshape(-1).cpu(),
-            group=torch.as_tensor(group, dtype=torch.long).reshape(-1).cpu(),
-            policy_version=torch.full((n,), int(policy_version), dtype=torch.long),
-            rewards=TensorDict({k: torch.as_tensor(v, dtype=torch.float32).reshape(-1).cpu()
+                                      dtype=torch.bool, device=_CPU).reshape(-1),
+            group=torch.as_tensor(group, dtype=torch.long, device=_CPU).reshape(-1),
+            policy_version=torch.full((n,), int(policy_version), dtype=torch.long, device=_CPU),
+            rewards=TensorDict({k: torch.as_tensor(v, dtype=torch.float32, device=_CPU).reshape(-1)
                                 for k, v in (rewards or {}).items()}, batch_size=[]),
             sample_id=[str(s) for s in (sample_id if sample_id is not None else [""] * n)],
             completion=[str(s) for s in (completion if completion is not None else [""] * n)],
@@ -222,7 +250,7 @@ class RolloutBatch(TensorClass["nocast"]):
         Raises:
             ValueError: no row, or a row outside ``[0, N)``.
         """
-        idx = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.prompt_index.device).reshape(-1)
         if idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= self.num_rows:
             raise ValueError(f"RolloutBatch.select_rows: rows must be a non-empty list of indices in "
                              f"[0, {self.num_rows}); got {idx.tolist()[:16]}.")
@@ -275,8 +303,8 @@ class RolloutBatch(TensorClass["nocast"]):
         def right(t: Tensor, value: int | float | bool) -> Tensor:
             return torch.nn.functional.pad(t, (0, lc - t.shape[1]), value=value)
 
-        p_off = torch.tensor([0, *[int(b.prompt_ids.shape[0]) for b in batches]]).cumsum(0)
-        g_off = torch.tensor([0, *[int(b.group.max()) + 1 for b in batches]]).cumsum(0)
+        p_off = torch.tensor([0, *[int(b.prompt_ids.shape[0]) for b in batches]], device=first.group.device).cumsum(0)
+        g_off = torch.tensor([0, *[int(b.group.max()) + 1 for b in batches]], device=first.group.device).cumsum(0)
         return cls(
             prompt_ids=torch.cat([left(b.prompt_ids, pad) for b in batches]),
             prompt_mask=torch.cat([left(b.prompt_mask, False) for b in batches]),
@@ -314,7 +342,7 @@ class RolloutBatch(TensorClass["nocast"]):
         group, c_len = self.group, self.completion_lengths
         total = self.prompt_lengths + c_len
         n_groups = int(group.max()) + 1
-        group_len = torch.zeros(n_groups, dtype=torch.long).scatter_reduce(0, group, total, "amax")
+        group_len = torch.zeros(n_groups, dtype=torch.long, device=group.device).scatter_reduce(0, group, total, "amax")
         width = int(c_len.max()) + 1
         key = (-group_len[group] * n_groups + group) * width - c_len  # longest group first, then id, then length
         order = torch.argsort(key, stable=True)

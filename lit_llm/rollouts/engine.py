@@ -42,7 +42,7 @@ from lit_llm.policy.batching import caller_context, in_context
 from lit_llm.policy.rows import read_rows
 from lit_llm.policy.sampling import splitmix64
 from lit_llm.rewards import TrainerState
-from lit_llm.rollouts.batch import RolloutBatch
+from lit_llm.rollouts.batch import RolloutBatch, host_lists, host_rows
 from lit_llm.rollouts.settings import RolloutError, RolloutSettings
 
 __all__ = ["RESERVED_KEYS", "RolloutEngine", "RolloutError", "distinct_prompts", "mix_seed", "policy_responses",
@@ -79,7 +79,7 @@ def row_seeds(seed: int, step: int, rank: int, num_prompts: int, num_generations
         base = splitmix64(base ^ splitmix64((1 << 40) + int(sampling_round)))
     out = [splitmix64(base ^ splitmix64((k << 20) + g)) & ((1 << 63) - 1)
            for k in range(num_prompts) for g in range(num_generations)]
-    return torch.tensor(out, dtype=torch.long)
+    return torch.tensor(out, dtype=torch.long, device="cpu")
 
 
 def _columns(batch: Mapping[str, Any], num_prompts: int) -> dict[str, list]:
@@ -120,8 +120,8 @@ def distinct_prompts(prompts: Sequence[Tensor]) -> tuple[list[Tensor], list[int]
     """Identical prompt ids share one row of ``prompt_ids``: ``(unique prompts in first-seen order, index of each
     prompt's row)``."""
     distinct: dict[tuple[int, ...], int] = {}
-    index = [distinct.setdefault(tuple(p.tolist()), len(distinct)) for p in prompts]
-    unique: list[Tensor] = [torch.empty(0, dtype=torch.long)] * len(distinct)
+    index = [distinct.setdefault(tuple(p), len(distinct)) for p in host_lists(prompts)]
+    unique: list[Tensor] = [torch.empty(0, dtype=torch.long, device="cpu")] * len(distinct)
     for p, j in zip(prompts, index):
         unique[j] = p
     return unique, index
@@ -346,7 +346,10 @@ class RolloutEngine:
                                        chat_template_kwargs=self.chat_template_kwargs)
             except ValueError as e:
                 raise RolloutError(str(e)) from e
-        ids = [torch.as_tensor(p, dtype=torch.long).reshape(-1).cpu() for p in ids]
+        # the prompt ids on the host (Lightning may have moved the batch to the GPU): one copy, not one per row
+        ids = [p.reshape(-1).long() for p in host_rows([p if isinstance(p, Tensor) else
+                                                         torch.as_tensor(p, dtype=torch.long, device="cpu")
+                                                         for p in ids])]
         if len(ids) != n_prompts:
             raise RolloutError(f"prompt batch has {len(ids)} 'prompt_ids' for {n_prompts} prompts; give one each.")
         if trainer_state is None:  # taken before generating: the progress the rollout was generated at
@@ -358,16 +361,17 @@ class RolloutEngine:
         gen_time = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        resp = [r.cpu() for r in resp]
-        texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in resp]
+        resp, resp_lp = host_rows(resp), host_rows(resp_lp)  # one device-to-host copy each, not one per row
+        resp_lists = host_lists(resp)
+        texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in resp_lists]
         chat = [not isinstance(p, str) for p in prompts]
         completions = [[{"role": "assistant", "content": t}] if chat[i // g] else t for i, t in enumerate(texts)]
         rep_prompts = [p for p in prompts for _ in range(g)]
         rep_columns = {k: [v for v in col for _ in range(g)] for k, col in columns.items()}
         total, per_fn = self.reward_fn(prompts=rep_prompts, completions=completions,
-                                       completion_ids=[r.tolist() for r in resp], trainer_state=trainer_state,
+                                       completion_ids=resp_lists, trainer_state=trainer_state,
                                        **rep_columns)
-        total = torch.as_tensor(total, dtype=torch.float32).reshape(-1)
+        total = torch.as_tensor(total, dtype=torch.float32, device="cpu").reshape(-1)
         advantages, stats = compute_advantages(total, g, scale_rewards=self.scale_rewards,
                                                advantage_estimator=self.advantage_estimator)
         reward_time = time.perf_counter() - t1
@@ -376,7 +380,7 @@ class RolloutEngine:
         return RolloutBatch.from_rows(
             prompts=unique, prompt_index=[j for j in prompt_of_group for _ in range(g)], completions=resp,
             old_log_probs=resp_lp, reward=total, advantage=advantages, truncated=truncated,
-            group=torch.arange(n_prompts).repeat_interleave(g),
+            group=torch.arange(n_prompts, device="cpu").repeat_interleave(g),
             policy_version=self.version if version is None else version, pad_token_id=self.pad_token_id,
             rewards=dict(per_fn.items()), sample_id=[s for s in sample_ids for _ in range(g)], completion=texts,
             generation_time=gen_time, reward_time=reward_time,

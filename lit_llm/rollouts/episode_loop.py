@@ -210,7 +210,8 @@ def run_episode(env: Any, row: Mapping[str, Any], *, renderer: EpisodeRenderer, 
                 break
             traj.messages.extend(new)
             if suffix.numel():  # a template may render nothing (Llama-2 after a turn without a new message)
-                traj.segments.append(Segment("env", suffix, torch.zeros(suffix.numel(), dtype=torch.float32)))
+                traj.segments.append(Segment("env", suffix, torch.zeros(suffix.numel(), dtype=torch.float32,
+                                                                        device=suffix.device)))
             length += suffix.numel()
     except _ResetTimeout:
         timed_out = True

@@ -43,7 +43,7 @@ from torch import Tensor
 from lit_llm.objectives.advantages import compute_advantages
 from lit_llm.policy.batching import caller_context, in_context
 from lit_llm.rewards import TrainerState
-from lit_llm.rollouts.batch import RolloutBatch
+from lit_llm.rollouts.batch import RolloutBatch, host_lists
 from lit_llm.rollouts.engine import (
     RolloutEngine,
     RolloutError,
@@ -248,7 +248,7 @@ class EpisodeEngine(RolloutEngine):
         def generate(ids: Tensor, seed: int | None) -> tuple[Tensor, Tensor, bool]:
             with self._lock:
                 self.num_policy_calls += 1
-            seeds = None if seed is None else torch.tensor([seed], dtype=torch.long)
+            seeds = None if seed is None else torch.tensor([seed], dtype=torch.long, device="cpu")
             resp, lps, cut = policy_responses(policy, [ids], seeds=seeds, batch_order=order)
             return resp[0], lps[0], cut[0]
         return generate
@@ -387,7 +387,7 @@ class EpisodeEngine(RolloutEngine):
         gen_time = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        env_reward = torch.tensor([t.env_reward for t in trajs], dtype=torch.float32)
+        env_reward = torch.tensor([t.env_reward for t in trajs], dtype=torch.float32, device="cpu")
         per_fn = {"env": env_reward}
         total = self.env_reward_weight * env_reward
         if self.reward_fn is not None:
@@ -397,13 +397,13 @@ class EpisodeEngine(RolloutEngine):
             fn_total, fn_rewards = self.reward_fn(
                 prompts=[t.messages[:t.num_prompt_messages] for t in trajs],
                 completions=[t.completion_messages for t in trajs],
-                completion_ids=[t.completion_ids.tolist() for t in trajs], trainer_state=trainer_state,
+                completion_ids=host_lists([t.completion_ids for t in trajs]), trainer_state=trainer_state,
                 **rep_columns)
             if "env" in fn_rewards:
                 raise RolloutError("a reward function is named 'env', the name of the environment's reward; rename "
                                    "it.")
             per_fn.update(fn_rewards)
-            total = total + torch.as_tensor(fn_total, dtype=torch.float32).reshape(-1)
+            total = total + torch.as_tensor(fn_total, dtype=torch.float32, device="cpu").reshape(-1)
         advantages, stats = compute_advantages(total, g, scale_rewards=self.scale_rewards,
                                                advantage_estimator=self.advantage_estimator)
         reward_time = time.perf_counter() - t1
@@ -413,7 +413,7 @@ class EpisodeEngine(RolloutEngine):
             prompts=unique, prompt_index=prompt_index, completions=[t.completion_ids for t in trajs],
             old_log_probs=[t.log_probs for t in trajs], loss_masks=[t.loss_mask for t in trajs], reward=total,
             advantage=advantages, truncated=[t.truncated for t in trajs],
-            group=torch.arange(n_prompts).repeat_interleave(g),
+            group=torch.arange(n_prompts, device="cpu").repeat_interleave(g),
             policy_version=self.version if version is None else version, pad_token_id=self.pad_token_id,
             rewards=per_fn, sample_id=[s for s in sample_ids for _ in range(g)],
             completion=[t.text(self.tokenizer) for t in trajs], generation_time=gen_time, reward_time=reward_time,

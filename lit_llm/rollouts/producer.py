@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_llm.policy.thread_context import current_device_index
 from lit_llm.rollouts.batch import RolloutBatch
 from lit_llm.rollouts.engine import RolloutEngine, RolloutError
 
@@ -182,9 +183,12 @@ class AsyncRollouts:
         return self.trainer_version - int(rollout.policy_version.max())
 
     # -------------------------------------------------------------------------------------------- producer
-    def _produce(self, it: Iterator[Mapping[str, Any]], q: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, it: Iterator[Mapping[str, Any]], q: queue.Queue, stop: threading.Event,
+                 device_index: int | None = None) -> None:
         step = 0
         try:
+            if device_index is not None:  # the CUDA device of the thread that started it (thread-local)
+                torch.cuda.set_device(device_index)
             for batch in it:
                 if stop.is_set():
                     return
@@ -213,8 +217,8 @@ class AsyncRollouts:
         self.close()
         stop, q = threading.Event(), queue.Queue(maxsize=self.queue_size)
         self._stop, self._queue = stop, q
-        self._thread = threading.Thread(target=self._produce, args=(iter(self.prompts), q, stop),
-                                        name="lit_llm-async-rollouts", daemon=True)
+        self._thread = threading.Thread(target=self._produce, name="lit_llm-async-rollouts", daemon=True,
+                                        args=(iter(self.prompts), q, stop, current_device_index()))
         self._thread.start()
         return self._consume(q)
 

@@ -65,7 +65,7 @@ class Trajectory:
     reason: str = ""
 
     def _cat(self, parts: list[Tensor], dtype: torch.dtype) -> Tensor:
-        return torch.cat([p.to(dtype) for p in parts]) if parts else torch.zeros(0, dtype=dtype)
+        return torch.cat([p.to(dtype) for p in parts]) if parts else torch.zeros(0, dtype=dtype, device="cpu")
 
     @property
     def completion_ids(self) -> Tensor:
@@ -75,7 +75,8 @@ class Trajectory:
     @property
     def loss_mask(self) -> Tensor:
         """``[Lc]`` bool: True exactly on sampled ids (provenance)."""
-        return self._cat([torch.full((len(s.ids),), s.source == "model") for s in self.segments], torch.bool)
+        return self._cat([torch.full((len(s.ids),), s.source == "model", device=s.ids.device) for s in self.segments],
+                         torch.bool)
 
     @property
     def log_probs(self) -> Tensor:
