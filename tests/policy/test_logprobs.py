@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lit_llm.policy.logprobs import (
@@ -225,13 +225,17 @@ def test_bad_shapes_and_targets():
     chunk=st.integers(1, 40), seed=st.integers(0, 2**16), ignore_frac=st.sampled_from([0.0, 0.3, 1.0]),
     temperature=st.sampled_from([1.0, 0.5, 1.7]),
 )
+@example(b=2, t=3, h=4, v=18, chunk=1, seed=25445, ignore_frac=0.0, temperature=0.5)  # a log-prob near 0 at T = 0.5
 def test_property_chunked_equals_naive_and_batch_invariant(b, t, h, v, chunk, seed, ignore_frac, temperature):
     hidden, weight, bias, targets = random_problem(b, t, h, v, seed=seed, ignore_frac=ignore_frac)
     lp, ent = chunked_token_log_probs(hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk,
                                       return_entropy=True)
     ref_lp, ref_ent = naive(hidden, weight, bias, targets, temperature)
-    close(lp, ref_lp)
-    close(ent, ref_ent)
+    # fp32 rounds logsumexp to ~1e-7 of its magnitude, which a log-prob near 0 inherits in full (seen: lse ~ 18 at
+    # T = 0.5, log-prob -8.0e-5 vs -7.9e-5): the absolute tolerance grows with the largest |log-prob|
+    atol = 1e-6 + 1e-7 * float(ref_lp.abs().max())
+    close(lp, ref_lp, atol=atol)
+    close(ent, ref_ent, atol=atol)
     ignored = targets == IGNORE_INDEX
     assert bool((lp[ignored] == 0).all()) and bool((ent[ignored] == 0).all())
     assert bool((lp[~ignored] <= 0).all()) and bool((ent[~ignored] >= -1e-6).all())
