@@ -297,7 +297,9 @@ def load_checkpoint_module(ckpt_path: str | os.PathLike, *, who: str = "lit-llm"
 
     cls = _module_class(ckpt)
     # a run trained with use_vllm loads without vLLM: inference here samples with the trained model itself
-    overrides = {"use_vllm": False} if "use_vllm" in inspect.signature(cls.__init__).parameters else {}
+    params = inspect.signature(cls.__init__).parameters  # (and its vllm_* options at their defaults: unused)
+    overrides = {k: False if k == "use_vllm" else p.default for k, p in params.items() if k.startswith(("use_vllm",
+                                                                                                        "vllm_"))}
     with contextlib.nullcontext() if resolve_environment else environment_unresolved():
         module = cls.load_from_checkpoint(str(ckpt), map_location=map_location, weights_only=False, **overrides)
     module.eval()

@@ -358,6 +358,11 @@ class PolicyVersionSwitch(Callback):
                                      generate_kwargs=self.settings.generate_kwargs())
             self.engine = type(self.engine)(policy, **self.engine.twin_kwargs(), version=self.engine.version)
             self._greedy.clear()
+            data = trainer.datamodule
+            self.vllm.check_context([
+                (getattr(data, "train_rows", None) or [], self.settings.max_new_tokens, "training prompt"),
+                (getattr(data, "eval_rows", None) or [], getattr(pl_module, "eval_max_new_tokens", 0) or 0,
+                 "evaluation prompt")])
         if self.engine is not None:
             self.engine.rank = trainer.global_rank  # every rank samples from its own stream
         if self.reference_version is not None:

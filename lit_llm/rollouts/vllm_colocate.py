@@ -25,7 +25,7 @@ from torch import Tensor
 from lit_llm.policy.vllm_engine import DEFAULT_KV_CACHE_GIB, load_weights, shared_engine
 from lit_llm.rollouts.settings import RolloutError, RolloutSettings
 
-__all__ = ["VLLMRollouts", "VLLMSettings", "check_vllm_sampling", "engine_dtype", "hf_weights"]
+__all__ = ["VLLMRollouts", "VLLMSettings", "check_vllm_sampling", "engine_dtype", "hf_weights", "start_error"]
 
 #: Head sizes vLLM's CPU attention supports (vLLM 0.32 ``cpu_attn``).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -247,14 +247,37 @@ class VLLMRollouts:
                 self.llm = shared_engine(self.model_name, **kwargs)
             except ImportError:
                 raise
-            except Exception as e:  # vLLM's start-up errors are long; keep the first line and say what to change
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                hint = (" Raise --model.init_args.vllm_kv_cache_gib (or lower vllm_max_model_length)."
-                        if "kv cache" in str(e).lower() else "")
+            except Exception as e:  # vLLM's start-up errors are long: keep what says why, and what to change here
                 raise RolloutError(f"use_vllm: vLLM could not start an engine for {self.model_name!r} "
-                                   f"({', '.join(f'{k}={v}' for k, v in kwargs.items())}): {first}{hint}") from e
+                                   f"({', '.join(f'{k}={v}' for k, v in kwargs.items())}): {start_error(e)}") from e
         check_same_model(self.llm, trained, self.model_name)
         return vLLMWrapper(self.llm, tokenizer=tokenizer, input_mode="tokens", generate_kwargs=generate_kwargs)
+
+    def check_context(self, prompts: list[tuple[list[Any], int, str]], limit: int | None = None) -> None:
+        """Every prompt fits the engine's context with its budget (checked at setup, before the first rollout; the
+        data module's own check uses the model's context, which ``vllm_max_model_length`` may lower).
+
+        Args:
+            prompts: ``(rows, max_new_tokens, what)`` triples: prompt rows with ``prompt_ids`` (and ``sample_id``),
+                the new-token budget of their generations, and what they are (named in the error).
+            limit: the context in tokens (default: the engine's ``max_model_len``).
+
+        Raises:
+            RolloutError: the longest prompt of a set does not fit, naming it, the sum, the engine's context and the
+                options to change.
+        """
+        limit = int(self.llm.llm_engine.model_config.max_model_len) if limit is None else int(limit)
+        for rows, budget, what in prompts:
+            if not rows:
+                continue
+            longest = max(rows, key=lambda r: len(r["prompt_ids"]))
+            n = len(longest["prompt_ids"])
+            if n + budget > limit:
+                raise RolloutError(f"use_vllm: the {what} {longest.get('sample_id', '')!r} has {n} tokens; with "
+                                   f"{budget} new tokens it exceeds the engine's context of {limit} tokens "
+                                   f"(vllm_max_model_length={self.settings.max_model_length}). Raise "
+                                   f"--model.init_args.vllm_max_model_length (null: the model's context) or lower "
+                                   f"the new-token budget.")
 
     def push(self, trained: torch.nn.Module, key: Any) -> float:
         """Push the trained weights (:func:`hf_weights`: LoRA merged) into the engine in place, reset its prefix cache
@@ -293,6 +316,20 @@ class VLLMRollouts:
             self.llm.sleep(level=1)
             self.asleep = True
             self.num_sleeps += 1
+
+
+def start_error(error: BaseException) -> str:
+    """One line of a vLLM start-up error: its first line (with a validation error's first detail line, where the
+    reason is), then the ``vllm_*`` option to change when the error is about KV-cache memory or the context length
+    (vLLM's own text names its ``gpu_memory_utilization`` / ``max_model_len``, which are not this run's knobs)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()] or [type(error).__name__]
+    text = lines[0] + (f" {lines[1]}" if "validation error" in lines[0] and len(lines) > 1 else "")
+    lower = str(error).lower()
+    if "max_model_len" in lower and "greater than" in lower:
+        return f"{text} Lower --model.init_args.vllm_max_model_length (or null: the model's context)."
+    if "kv cache" in lower or "cache blocks" in lower or "gpu_memory_utilization" in lower:
+        return f"{text} Raise --model.init_args.vllm_kv_cache_gib (or lower vllm_max_model_length)."
+    return text
 
 
 def _config(model: torch.nn.Module) -> Any:

@@ -7,6 +7,7 @@ after a restore (validate) — while ``make test-vllm`` runs the same paths on v
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -60,6 +61,10 @@ class StandInEngine(VLLMRollouts):
         policy.get_new_version = get_new_version.__get__(policy)
         return policy
 
+    def check_context(self, prompts, limit=None):
+        self.context_checks = [(len(rows), budget, what) for rows, budget, what in prompts]
+        super().check_context(prompts, limit=self.llm.config.max_position_embeddings)
+
 
 @pytest.fixture
 def stand_in(monkeypatch):
@@ -102,6 +107,7 @@ def test_sync_rollouts_and_greedy_eval_sample_from_the_engine_with_the_trained_w
     dm = GRPODataModule(batch_size=2, num_train=40, num_eval=4, eval_batch_size=4)
     trainer_for(4, rec, num_sanity_val_steps=-1, val_check_interval=2, check_val_every_n_epoch=None).fit(module, dm)
     assert stand_in.builds == [{"precision": "32-true", "device": torch.device("cpu")}]
+    assert stand_in.context_checks == [(40, 4, "training prompt"), (4, 4, "evaluation prompt")]
     assert module.engine.policy.model is stand_in.llm is not module.model  # the engine samples, not the trained model
     # pushes: fit start (1, 0); rollouts of steps 1, 3; the evaluations after steps 2 and 4 (their rollouts reuse it)
     assert stand_in.num_pushes == 5
@@ -197,8 +203,11 @@ def test_checkpoint_of_a_vllm_run_loads_without_vllm(tmp_path):
     state = torch.load(ckpt, weights_only=False)
     hp = state["hyper_parameters"]  # as `lit-llm fit --model.init_args.use_vllm true` saves it
     hp["use_vllm"], hp["_class_path"] = True, "lit_llm.lightning.grpo.GRPOModule"
+    hp["vllm_kv_cache_gib"] = 0.25
     torch.save(state, ckpt)
-    loaded = load_checkpoint_module(ckpt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "vllm_* set but use_vllm is false" for options the user did not set here
+        loaded = load_checkpoint_module(ckpt)
     assert loaded.hparams.use_vllm is False and loaded.vllm is None
     for name, p in module.model.named_parameters():
         torch.testing.assert_close(loaded.model.get_parameter(name), p.detach(), rtol=0, atol=0)

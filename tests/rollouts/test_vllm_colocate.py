@@ -188,3 +188,33 @@ def test_sleep_mode_wakes_before_a_push_and_sleeps_once(monkeypatch, tiny):
     awake.llm = llm
     awake.sleep()  # without enable_sleep_mode: never
     assert len(calls) == 5
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
+     "engine.\nmore", "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+     "initializing the engine. Raise --model.init_args.vllm_kv_cache_gib (or lower vllm_max_model_length)."),
+    ("1 validation error for ModelConfig\n  Value error, User-specified max_model_len (100000) is greater than the "
+     "derived max_model_len (max_position_embeddings=2048 in model's config.json). [type=value_error]\n    For "
+     "further information visit https://errors.pydantic.dev",
+     "1 validation error for ModelConfig Value error, User-specified max_model_len (100000) is greater than the "
+     "derived max_model_len (max_position_embeddings=2048 in model's config.json). [type=value_error] Lower "
+     "--model.init_args.vllm_max_model_length (or null: the model's context)."),
+    ("Something else\nsecond line", "Something else"),
+])
+def test_start_error_keeps_the_reason_and_names_our_option(text, line):
+    assert vllm_colocate.start_error(RuntimeError(text)) == line
+
+
+def test_prompts_over_the_engine_context_are_refused_at_setup():
+    rollouts = VLLMRollouts("tiny-vllm", VLLMSettings(max_model_length=8))
+    rollouts.llm = types.SimpleNamespace(llm_engine=types.SimpleNamespace(
+        model_config=types.SimpleNamespace(max_model_len=8)))
+    rows = [{"prompt_ids": [1] * 3, "sample_id": "a"}, {"prompt_ids": [1] * 5, "sample_id": "train:7"}]
+    rollouts.check_context([(rows, 3, "training prompt")])  # 5 + 3 = 8 fits
+    with pytest.raises(RolloutError) as e:
+        rollouts.check_context([([], 99, "evaluation prompt"), (rows, 4, "training prompt")])
+    assert str(e.value) == ("use_vllm: the training prompt 'train:7' has 5 tokens; with 4 new tokens it exceeds the "
+                            "engine's context of 8 tokens (vllm_max_model_length=8). Raise "
+                            "--model.init_args.vllm_max_model_length (null: the model's context) or lower the "
+                            "new-token budget.")
