@@ -95,7 +95,7 @@ def grpo_steps(workload: str, use_vllm: bool, steps: int, gsm8k: str) -> dict[st
     with tempfile.TemporaryDirectory() as root:
         main(["fit", "--config", str(ROOT / config), "--trainer.default_root_dir", root, "--trainer.max_steps",
               str(steps), "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
-              "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false",
+              "--trainer.enable_progress_bar", "false", "--checkpoint.every_n_train_steps", "1000",
               "--model.init_args.use_vllm", str(use_vllm).lower(), "--wandb", "false",
               *[e.format(gsm8k=gsm8k) for e in extra]])
         (metrics,) = Path(root).glob("csv/version_*/metrics.csv")
