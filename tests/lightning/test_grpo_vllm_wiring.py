@@ -7,6 +7,7 @@ after a restore (validate) — while ``make test-vllm`` runs the same paths on v
 from __future__ import annotations
 
 import copy
+import tempfile
 import warnings
 
 import pytest
@@ -97,6 +98,8 @@ def make_module(engine: StandInEngine, **kwargs) -> GRPOModule:
 
 
 def trainer_for(steps: int, rec: Callback, **kwargs) -> Trainer:
+    """A quiet Trainer; ``default_root_dir`` (where eval_samples.csv goes without a logger) a fresh temporary folder."""
+    kwargs.setdefault("default_root_dir", tempfile.mkdtemp(prefix="lit_llm_vllm_wiring_"))
     return Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False, callbacks=[rec], **kwargs)
 
@@ -168,7 +171,8 @@ def test_validate_pushes_the_restored_weights_first(stand_in, tmp_path):
             p.add_(1.0)
     module.versions.push_weights()
     before = stand_in.num_pushes
-    Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).validate(
+    Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+            default_root_dir=tmp_path).validate(
         module, dm, ckpt_path=ckpt)
     assert stand_in.num_pushes == before + 1
     assert stand_in.generations[-1][0] == stand_in.generations[-1][1]
