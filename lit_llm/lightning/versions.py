@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -167,18 +167,17 @@ class PolicyVersionSwitch(Callback):
         model = self.model
         was_training = model.training
         model.eval()
-        producer = self.async_rollouts if self.vllm is not None else None
         try:
-            with (producer.generation_turn() if producer is not None else nullcontext()):
+            with ExitStack() as stack:
                 if self.vllm is not None:
+                    if self.async_rollouts is not None:  # after the producer's rollout in flight
+                        stack.enter_context(self.async_rollouts.generation_turn())
                     self.vllm.wake_up()
+                    stack.callback(self.vllm.sleep)
                     self.push_weights(only_if_changed=True)
-                try:
-                    with torch.no_grad(), self.precision_context():
-                        yield self.generate_version
-                finally:
-                    if self.vllm is not None:
-                        self.vllm.sleep()
+                stack.enter_context(torch.no_grad())
+                stack.enter_context(self.precision_context())
+                yield self.generate_version
         finally:
             model.train(was_training)
 

@@ -114,8 +114,6 @@ def make_engine(model: str | os.PathLike, *, dtype: str = "float32", seed: int =
         ValueError: ``kv_cache_gib`` not > 0; a ``logprobs_mode`` other than :data:`LOGPROBS_MODE`; the model name
             cannot be resolved (from :func:`~lit_llm.models.resolve_model_path`).
     """
-    from lit_llm.models import resolve_model_path
-
     if kv_cache_gib is not None and (isinstance(kv_cache_gib, bool) or not isinstance(kv_cache_gib, (int, float))
                                      or not kv_cache_gib > 0):
         raise ValueError(f"kv_cache_gib: expected a size in GiB > 0 (or None for vLLM's own rule), got "
@@ -126,10 +124,7 @@ def make_engine(model: str | os.PathLike, *, dtype: str = "float32", seed: int =
                          f"temperature, which vLLM gives with logprobs_mode={LOGPROBS_MODE!r} only. Leave "
                          f"logprobs_mode out.")
     vllm = require_vllm("make_engine")
-    try:
-        path = resolve_model_path(model)
-    except FileNotFoundError as e:
-        raise ValueError(f"vLLM engine: model={str(model)!r} cannot be resolved: {e}") from e
+    path = _model_folder(model)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     with _rng_kept():
         return vllm.LLM(**_engine_kwargs(path, dtype=dtype, seed=seed, max_model_len=max_model_len,
@@ -151,6 +146,16 @@ def _engine_kwargs(path: str, *, dtype: str, seed: int, max_model_len: int | Non
     if gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     return kwargs
+
+
+def _model_folder(model: str | os.PathLike) -> str:
+    """:func:`lit_llm.models.resolve_model_path`, its ``FileNotFoundError`` as a ``ValueError`` naming the engine."""
+    from lit_llm.models import resolve_model_path
+
+    try:
+        return resolve_model_path(model)
+    except FileNotFoundError as e:
+        raise ValueError(f"vLLM engine: model={str(model)!r} cannot be resolved: {e}") from e
 
 
 @contextmanager
@@ -185,12 +190,7 @@ def shared_engine(model: str | os.PathLike, **kwargs: Any) -> Any:
     Raises:
         The errors of :func:`make_engine`.
     """
-    from lit_llm.models import resolve_model_path
-
-    try:
-        path = resolve_model_path(model)
-    except FileNotFoundError as e:
-        raise ValueError(f"vLLM engine: model={str(model)!r} cannot be resolved: {e}") from e
+    path = _model_folder(model)
     key = (str(path), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
     with _SHARED_LOCK:
         if key not in _SHARED:
