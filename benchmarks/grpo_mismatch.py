@@ -8,6 +8,10 @@ lr 1e-6) per run. Runs, each in a fresh ``Trainer`` (same seeds, so the same fir
 * ``recompute+token_truncate``: old log-probs = the training forward under no-grad, and the generation-time gap
   corrected by TIS weights (cap 2) -- *after*.
 
+Each run is repeated per ``--head-dtypes`` value (the trainer's ``lm_head_matmul_dtype``, issue 28: ``float32``,
+the default, or ``bfloat16``: the log-prob kernel's LM-head matmul in bf16, as the sampler's own head matmul runs
+under ``bf16-mixed``); ``--runs`` picks the runs (``rollout`` alone measures the mismatch).
+
 Printed per run (first iteration of each step, medians over steps): ``mismatch/kl`` (k3 of generation-time vs
 trainer log-probs on the same ids), the range of trainer / sampler probability, the range of the GRPO ratio and its
 clipped fraction at the first iteration, the correction's capped fraction, and ``time/step`` / ``time/recompute``
@@ -17,6 +21,8 @@ Usage::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_mismatch.py                  # fp32 and bf16-mixed, 1 step
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_mismatch.py --model tiny     # smoke
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_mismatch.py --precisions bf16-mixed --runs rollout \
+        --head-dtypes float32,bfloat16                                              # lm_head_matmul_dtype
 """
 
 from __future__ import annotations
@@ -51,24 +57,27 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--head-dtypes", default="float32", help="lm_head_matmul_dtype values, comma-separated")
+    p.add_argument("--runs", default=",".join(RUNS), help=f"runs among {', '.join(RUNS)}, comma-separated")
     a = p.parse_args()
     print(machine_line())
     print(f"model {a.model}; {a.prompts} prompts x {a.generations} generations x <= {a.max_new_tokens} tokens; "
           f"{a.steps} step(s) per run (medians)")
-    head = ("precision", "old_log_probs", "mismatch k3", "trainer/sampler min", "max", "first ratio min", "max",
-            "clipped", "TIS capped", "step (s)", "recompute (s)")
+    head = ("precision", "head matmul", "old_log_probs", "mismatch k3", "trainer/sampler min", "max",
+            "first ratio min", "max", "clipped", "TIS capped", "step (s)", "recompute (s)")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    for precision in a.precisions.split(","):
-        for name, options in RUNS.items():
-            r = run(a.model, precision, a.steps, a.prompts, a.generations, a.max_new_tokens, **options)
-            cells = [precision, name, f"{r['train/mismatch/kl']:.2e}", f"{r['train/mismatch/ratio_min']:.6f}",
-                     f"{r['train/mismatch/ratio_max']:.6f}", f"{r['train/first_iteration/ratio_min']:.6f}",
-                     f"{r['train/first_iteration/ratio_max']:.6f}", f"{r['train/first_iteration/clip_ratio']:.4f}",
-                     f"{r.get('train/rollout_correction/corrected_fraction', float('nan')):.4f}",
-                     f"{r['time/step']:.2f}", f"{r.get('time/recompute', 0.0):.2f}"]
-            print("| " + " | ".join(cells) + " |", flush=True)
-
+    runs = [(precision, dtype, name) for precision in a.precisions.split(",") for dtype in a.head_dtypes.split(",")
+            for name in a.runs.split(",")]
+    for precision, dtype, name in runs:
+        r = run(a.model, precision, a.steps, a.prompts, a.generations, a.max_new_tokens, **RUNS[name],
+                lm_head_matmul_dtype=dtype)
+        cells = [precision, dtype, name, f"{r['train/mismatch/kl']:.2e}", f"{r['train/mismatch/ratio_min']:.6f}",
+                 f"{r['train/mismatch/ratio_max']:.6f}", f"{r['train/first_iteration/ratio_min']:.6f}",
+                 f"{r['train/first_iteration/ratio_max']:.6f}", f"{r['train/first_iteration/clip_ratio']:.4f}",
+                 f"{r.get('train/rollout_correction/corrected_fraction', float('nan')):.4f}",
+                 f"{r['time/step']:.2f}", f"{r.get('time/recompute', 0.0):.2f}"]
+        print("| " + " | ".join(cells) + " |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import lit_llm
 
@@ -146,3 +147,18 @@ def count_syncs() -> Iterator[SyncCounter]:
     """``with count_syncs() as c:`` -- the :class:`SyncCounter` of the block."""
     with SyncCounter() as counter:
         yield counter
+
+
+class CastCounter(TorchDispatchMode):
+    """Counts copies to bf16 (``aten._to_copy`` with ``dtype=torch.bfloat16``): autocast's casts (issue 28's frozen
+    weights: tests/lightning/test_frozen_reference.py, tests/policy/test_frozen_weights.py). This thread only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+            self.casts += 1
+        return func(*args, **kwargs)

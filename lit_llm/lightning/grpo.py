@@ -159,8 +159,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         eval_samples: evaluation completions written to ``eval_samples.csv`` per evaluation.
         log_samples_every: optimizer steps between sampled-completion tables (0 = never).
         num_logged_samples: rows per table.
-        optimizer, lr_scheduler, grad_clip, on_nonfinite, gradient_checkpointing, chunk_size: see
-            :class:`~lit_llm.lightning.module.PolicyModule`.
+        optimizer, lr_scheduler, grad_clip, on_nonfinite, gradient_checkpointing, chunk_size, lm_head_matmul_dtype:
+            see :class:`~lit_llm.lightning.module.PolicyModule`.
         share_prompts: in training, run each distinct prompt of a micro-batch through the backbone once and its
             completions on top of the shared KV cache (the log-prob version's ``get_dist`` on a
             :class:`~lit_llm.rollouts.RolloutBatch`, :func:`~lit_llm.policy.logprobs.completion_hidden_states`): the
@@ -252,7 +252,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
                  optimizer: OptimizerCallable = torch.optim.AdamW,
                  lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
                  on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
-                 chunk_size: int = 1024, share_prompts: bool = True,
+                 chunk_size: int = 1024, lm_head_matmul_dtype: Literal["float32", "bfloat16"] = "float32",
+                 share_prompts: bool = True,
                  advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus"] = "grpo",
                  importance_sampling_level: Literal["token", "sequence"] = "token", entropy_coef: float = 0.0,
                  old_log_probs: Literal["rollout", "recompute"] = "rollout",
@@ -329,7 +330,8 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
         exported."""
         settings = self.rollout_settings
         policy = TransformersWrapper(self.model, tokenizer=self.tokenizer, input_mode="tokens",
-                                     generate_kwargs=settings.generate_kwargs(), chunk_size=self.chunk_size)
+                                     generate_kwargs=settings.generate_kwargs(), chunk_size=self.chunk_size,
+                                     matmul_dtype=self.head_matmul_dtype)
         if self.episode_settings is None:
             engine: RolloutEngine = RolloutEngine(policy, tokenizer=self.tokenizer, reward_fn=self.rewards,
                                                   settings=settings)

@@ -63,14 +63,13 @@ class GRPOStepStats:
         if "rollout_correction/weight_mean" in m:
             stats["corrected_sum"] = m["rollout_correction/corrected_fraction"] * n0
             stats["weight_sum"] = m["rollout_correction/weight_mean"] * n
-        self.ratio_range = (min(self.ratio_range[0], float(m["ratio_min"])),
-                            max(self.ratio_range[1], float(m["ratio_max"])))
+        # the ranges stay on the device (no host read per micro-batch); logged as tensors
+        self.ratio_range = _widen(self.ratio_range, m["ratio_min"], m["ratio_max"])
         if self.iteration == 0:
             for key, prefix in (("ratio", ""), ("mismatch", "mismatch/")):
                 lo, hi = self.first_ranges.get(key, (float("inf"), float("-inf")))
-                if n0 > 0:
-                    lo, hi = min(lo, float(m[f"{prefix}ratio_min"])), max(hi, float(m[f"{prefix}ratio_max"]))
-                self.first_ranges[key] = (lo, hi)
+                wide = _widen((lo, hi), m[f"{prefix}ratio_min"], m[f"{prefix}ratio_max"])
+                self.first_ranges[key] = (torch.where(n0 > 0, wide[0], lo), torch.where(n0 > 0, wide[1], hi))
         if "kl" in m:
             stats["kl_sum"] = m["kl"] * n
         return stats
@@ -104,7 +103,9 @@ class GRPOStepStats:
         log["train/first_iteration/clip_ratio"] = first["clip_region"] / n_first
         for key, name in (("ratio", "first_iteration/ratio"), ("mismatch", "mismatch/ratio")):
             lo, hi = self.first_ranges.get(key, (1.0, 1.0))
-            log[f"train/{name}_min"], log[f"train/{name}_max"] = (lo, hi) if lo <= hi else (1.0, 1.0)
+            if isinstance(lo, Tensor):  # no token was counted: the empty range logs 1.0
+                lo, hi = torch.where(lo <= hi, lo, 1.0), torch.where(lo <= hi, hi, 1.0)
+            log[f"train/{name}_min"], log[f"train/{name}_max"] = lo, hi
         if "corrected_sum" in first:
             log["train/rollout_correction/corrected_fraction"] = first["corrected_sum"] / n_mismatch
             log["train/rollout_correction/weight_mean"] = first["weight_sum"] / n_first
@@ -113,6 +114,14 @@ class GRPOStepStats:
         if train_time > 0:
             log["train/tokens_per_sec"] = sum(s["num_real_tokens"] for s in it) / train_time
         return log
+
+
+def _widen(bounds: tuple[Tensor | float, Tensor | float], low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+    """``(min(bounds[0], low), max(bounds[1], high))`` as 0-d fp32 tensors on ``low``'s device (no host read); a
+    float bound is the empty range's ``inf`` / ``-inf``."""
+    low, high = low.detach().float().reshape(()), high.detach().float().reshape(())
+    return (low if isinstance(bounds[0], float) else torch.minimum(bounds[0], low),
+            high if isinstance(bounds[1], float) else torch.maximum(bounds[1], high))
 
 
 def rollout_metrics(module: Any, rollout: RolloutBatch, *, staleness: int, wait_time: float, train_time: float,

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from lit_llm.lightning.checkpointing import CheckpointHooks
 from lit_llm.lightning.graceful_stop import GracefulStop
+from lit_llm.lightning.grad_scaling import plugin_unscale_skipped, unscale_gradients
 from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes, trim_host_memory
 from lit_llm.lightning.policy_setup import (
     check_manual_optimization_options,
@@ -43,9 +44,16 @@ from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig
 from lit_llm.objectives.reduction import deferred_checks
 from lit_llm.objectives.sft import NonFiniteLossError, check_finite
-from lit_llm.policy.frozen_weights import MIXED_COMPUTE_DTYPES, cast_frozen_matmul_weights
+from lit_llm.policy.frozen_weights import (
+    MIXED_COMPUTE_DTYPES,
+    cast_frozen_base_weights,
+    cast_frozen_matmul_weights,
+    restore_dtype,
+)
 
 __all__ = ["PolicyModule", "check_manual_optimization_options", "check_weights_precision", "load_policy_model"]
+
+_HEAD_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "bfloat16": torch.bfloat16}
 
 
 class PolicyModule(CheckpointHooks, LightningModule):
@@ -76,6 +84,11 @@ class PolicyModule(CheckpointHooks, LightningModule):
             ``train/skipped_steps``).
         gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% slower).
         chunk_size: positions per LM-head chunk in the log-prob kernel.
+        lm_head_matmul_dtype: dtype of the LM-head matmuls in the log-prob kernel (the trained log-probs, the KL
+            reference's and GRPO's recomputed old log-probs; :attr:`head_matmul_dtype`): ``"float32"`` (default:
+            the head's weight and the hidden states in fp32) or ``"bfloat16"`` (both rounded to bf16, as the
+            sampler's own head matmul is under ``bf16-mixed``; ~4x faster where bf16 is native); softmax, log-sum-exp
+            and reductions are fp32 either way. Its effect on GRPO's ``train/mismatch/*``: benchmarks/README.md.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: DType = "float32", attn_implementation: str | None = None,
@@ -84,8 +97,14 @@ class PolicyModule(CheckpointHooks, LightningModule):
                  lora_target_modules: list[str] | None = None,
                  optimizer: OptimizerCallable = torch.optim.AdamW, lr_scheduler: LRSchedulerCallable | None = None,
                  grad_clip: float | None = 1.0, on_nonfinite: Literal["raise", "skip"] = "raise",
-                 gradient_checkpointing: bool = False, chunk_size: int = 1024) -> None:
+                 gradient_checkpointing: bool = False, chunk_size: int = 1024,
+                 lm_head_matmul_dtype: Literal["float32", "bfloat16"] = "float32") -> None:
         super().__init__()
+        if lm_head_matmul_dtype not in _HEAD_DTYPES:
+            raise ValueError(f"model.lm_head_matmul_dtype={lm_head_matmul_dtype!r}: use float32 (default) or "
+                             f"bfloat16.")
+        #: the ``matmul_dtype`` of the policy's log-prob versions (``None``: fp32)
+        self.head_matmul_dtype: torch.dtype | None = _HEAD_DTYPES[lm_head_matmul_dtype]
         self.automatic_optimization = False
         self.model_config = ModelConfig(model, dtype=dtype, attn_implementation=attn_implementation,
                                         chat_template=chat_template, chat_template_kwargs=chat_template_kwargs or {},
@@ -137,7 +156,10 @@ class PolicyModule(CheckpointHooks, LightningModule):
         settings on the model and the data (see :meth:`_share_template_options`). Under ``bf16-mixed`` the frozen KL
         reference copy's ``Linear`` weights (not its norms, embeddings or LM head) are cast to bf16 once: the same
         numbers as autocast's cast at every forward, which its cache does not keep for frozen weights
-        (:func:`~lit_llm.policy.frozen_weights.cast_frozen_matmul_weights`)."""
+        (:func:`~lit_llm.policy.frozen_weights.cast_frozen_matmul_weights`); with ``use_peft``, likewise the trained
+        model's frozen base ``Linear`` weights, in place until :meth:`on_fit_end` (the adapters stay fp32;
+        checkpoints and ``lit-llm export`` never hold the base; see
+        :func:`~lit_llm.policy.frozen_weights.cast_frozen_base_weights`)."""
         t = self.trainer
         check_manual_optimization_options(t)
         check_weights_precision(self.model, str(t.precision), self.model_config.dtype)
@@ -146,6 +168,13 @@ class PolicyModule(CheckpointHooks, LightningModule):
         reference = self.versions.reference_version
         if compute is not None and reference is not None and reference.model is not self.model:  # not LoRA's base
             cast_frozen_matmul_weights(reference.model, compute)
+        if compute is not None and self.model_config.use_peft:  # LoRA's frozen base, for the fit (on_fit_end)
+            self._cast_base = cast_frozen_base_weights(self.model, compute)
+
+    def on_fit_end(self) -> None:
+        """A LoRA base cast for the fit (:meth:`on_fit_start`) back to fp32 (its values stay the bf16-rounded ones)."""
+        restore_dtype(self.model, getattr(self, "_cast_base", []))
+        self._cast_base = []
 
     def reference_model(self) -> torch.nn.Module:
         """The frozen KL reference (``beta`` / ``kl_coef > 0``): with ``use_peft`` the trained ``PeftModel`` itself (the
@@ -227,7 +256,9 @@ class PolicyModule(CheckpointHooks, LightningModule):
         the losses' value checks (:func:`~lit_llm.objectives.reduction.deferred_checks`) are kept on the device until
         every backward pass has run; then one all-reduced flag tensor (a non-finite loss, a non-finite gradient
         norm, a failed check, on any rank) is read once, before the optimizer step. A failure raises (or skips, with
-        ``on_nonfinite="skip"``) then, with the weights not updated and the gradients cleared."""
+        ``on_nonfinite="skip"``) then, with the weights not updated and the gradients cleared. Under ``16-mixed`` the
+        gradients are unscaled before clipping and the check, and a non-finite gradient norm is the GradScaler's
+        overflow: its step is skipped and its scale lowered, no error (:mod:`lit_llm.lightning.grad_scaling`)."""
         opt = self.optimizers()
         mbs = batch["micro_batches"]
         step = self.global_step
@@ -250,16 +281,20 @@ class PolicyModule(CheckpointHooks, LightningModule):
             totals["real_tokens"] = sum(real).float()
         nonfinite = ~torch.isfinite(torch.stack(losses))
         on = nonfinite.device
+        scaler = unscale_gradients(self.trainer, opt.optimizer)  # 16-mixed: clip and check the true gradients
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or float("inf")) if params else \
             torch.zeros((), device=on)
         failed = checks.failed()
-        local = torch.stack([nonfinite.any(), ~torch.isfinite(grad_norm.detach()).reshape(()),
+        overflow = ~torch.isfinite(grad_norm.detach()).reshape(())  # under a scaler: its overflow, its skip
+        local = torch.stack([nonfinite.any(), overflow if scaler is None else torch.zeros_like(overflow),
                              failed if failed is not None else torch.zeros((), dtype=torch.bool, device=on)])
         # Every rank takes the same decision (a rank that raised alone would leave the others waiting).
         flags = self._all_sum(local.float()).tolist()  # the step's one host read
         if any(f > 0 for f in flags):
             opt.zero_grad(set_to_none=True)
+            if scaler is not None:  # this step's unscale_ recorded: ready for the next one
+                scaler.update()
             checks.verify()  # this rank's failed check raises its own error
             if flags[2] > 0:
                 raise ValueError(f"A loss input check failed on another rank at step {step} (its error names the "
@@ -277,7 +312,8 @@ class PolicyModule(CheckpointHooks, LightningModule):
             self.skipped_steps += 1
             self.log("train/skipped_steps", self.skipped_steps.float(), on_step=True, batch_size=1)
             return torch.full((), float("nan"), device=self.device)
-        opt.step()
+        with plugin_unscale_skipped(scaler, opt.optimizer):
+            opt.step()
         opt.zero_grad(set_to_none=True)
         scheduler = self.lr_schedulers()
         if scheduler is not None:
@@ -317,22 +353,29 @@ class PolicyModule(CheckpointHooks, LightningModule):
         ``1 + host_memory_release_growth`` times what it was just before the last release at this call site ``site``
         (each site has its own mark: a steady run stops releasing after its first steps, a growing one releases as it
         grows). Then read the figures logged each step: ``memory/host_rss_gib`` (this process's resident set, GiB)
-        and ``memory/host_peak_rss_gib`` (its peak so far, ``getrusage`` ``ru_maxrss``, GiB).
+        and ``memory/host_peak_rss_gib`` (its peak so far, ``getrusage`` ``ru_maxrss``, GiB); on CUDA also
+        ``memory/cuda_allocated_gib`` and ``memory/cuda_peak_gib`` (the caching allocator's live tensors on this
+        rank's device and their peak since the start, ``torch.cuda.memory_allocated`` / ``max_memory_allocated``:
+        host-side counters, no device sync; not logged on the CPU).
 
         Call sites: ``"step"`` after every optimizer step (:meth:`on_train_batch_end`), ``"rollout"`` after
         :class:`~lit_llm.lightning.grpo.GRPOModule` takes each rollout (before the loss: the rollout's tensors were
         freed in the generation threads' arenas, which the loss's allocations cannot reuse), ``"validation"``
-        (forced) after every validation loop. Returns ``{}`` without procfs; on a GPU nothing is released (the
-        activations are not in host memory) and the figures are still returned."""
+        (forced) after every validation loop. Without procfs the host figures are left out; on a GPU nothing is
+        released (the activations are not in host memory) and the figures are still returned."""
         if self.device.type == "cpu":
             rss, mark = host_rss_bytes(), self._trimmed_at.get(site)
             if force or mark is None or rss is None or rss >= mark * (1 + self.host_memory_release_growth):
                 trim_host_memory()
                 self._trimmed_at[site] = rss or 0
+        figures = {}
+        if self.device.type == "cuda":
+            figures = {"memory/cuda_allocated_gib": torch.cuda.memory_allocated(self.device) / 2**30,
+                       "memory/cuda_peak_gib": torch.cuda.max_memory_allocated(self.device) / 2**30}
         rss, peak = host_rss_bytes(), host_peak_rss_bytes()
         if rss is None or peak is None:
-            return {}
-        return {"memory/host_rss_gib": rss / 2**30, "memory/host_peak_rss_gib": max(peak, rss) / 2**30}
+            return figures
+        return {"memory/host_rss_gib": rss / 2**30, "memory/host_peak_rss_gib": max(peak, rss) / 2**30, **figures}
 
     def _log_step(self, totals: dict[str, Tensor], grad_norm: Tensor, opt: Any) -> None:
         keys = sorted(totals)

@@ -91,13 +91,16 @@ def check_lora_targets(model: torch.nn.Module, targets: list[str] | None) -> Non
 
 
 def check_weights_precision(model: torch.nn.Module, precision: str, dtype_option: str) -> None:
-    """Refuse half precision weights unless ``trainer.precision`` is the matching ``*-true`` one: under a mixed
-    precision (``bf16-mixed``, ``16-mixed``: fp32 master weights with half precision compute) and under ``32-true`` /
-    ``64-true`` (the run says full precision) the optimizer would update half precision weights (and keep its AdamW
-    state in that dtype), losing updates below their resolution while the run reports another precision.
+    """Refuse half precision trained weights unless ``trainer.precision`` is the matching ``*-true`` one: under a
+    mixed precision (``bf16-mixed``, ``16-mixed``: fp32 master weights with half precision compute) and under
+    ``32-true`` / ``64-true`` (the run says full precision) the optimizer would update half precision weights (and
+    keep its AdamW state in that dtype), losing updates below their resolution while the run reports another
+    precision. Frozen parameters (a LoRA base) are not updated and may be half precision: under ``bf16-mixed`` a
+    bf16 base computes what autocast computes from an fp32 one (issue 28).
 
     Args:
-        model: the trained model (the dtype of its floating parameters is checked, so ``"auto"`` is covered).
+        model: the trained model (the dtype of its floating parameters that require grad is checked, so ``"auto"``
+            is covered).
         precision: ``trainer.precision`` as a string.
         dtype_option: the ``model.dtype`` option, named in the message.
 
@@ -105,7 +108,7 @@ def check_weights_precision(model: torch.nn.Module, precision: str, dtype_option
         ValueError: names ``model.dtype``, ``trainer.precision`` and both fixes (``model.dtype float32``, or the
             explicit ``trainer.precision bf16-true`` / ``16-true``).
     """
-    half = {p.dtype for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16)}
+    half = {p.dtype for p in model.parameters() if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)}
     if not half:
         return
     name = str(sorted(half, key=str)[0]).removeprefix("torch.")

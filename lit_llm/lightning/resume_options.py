@@ -47,6 +47,8 @@ RESUME_OPTIONS: dict[str, tuple[Literal["applied", "refused"], str]] = {
     "lora_dropout": (APPLIED, "a regularisation knob of the adapters' input"),
     "gradient_checkpointing": (APPLIED, f"activation recomputation: {_SAME_NUMBERS}"),
     "chunk_size": (APPLIED, f"the log-prob kernel's chunking: {_SAME_NUMBERS}"),
+    "lm_head_matmul_dtype": (APPLIED, "the LM-head matmul dtype of the log-prob kernel: a precision knob (log-probs "
+                                      "within bf16 rounding), nothing checkpointed depends on it"),
     # -- SFT objective
     "loss": (REFUSED, f"the loss head: {_OBJECTIVE}"),
     "normalization": (REFUSED, f"the loss's denominator: {_OBJECTIVE}"),

@@ -41,8 +41,8 @@ class SFTModule(PolicyModule):
             saved in checkpoints; with ``use_peft`` the reference is the same model with its adapters disabled).
         token_accuracy: log the mean token accuracy (argmax hits from the log-prob kernel's chunks: no extra
             LM-head pass).
-        optimizer, lr_scheduler, grad_clip, on_nonfinite, gradient_checkpointing, chunk_size: see
-            :class:`PolicyModule`.
+        optimizer, lr_scheduler, grad_clip, on_nonfinite, gradient_checkpointing, chunk_size, lm_head_matmul_dtype:
+            see :class:`PolicyModule`.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, dtype: DType = "float32", attn_implementation: str | None = None,
@@ -53,7 +53,7 @@ class SFTModule(PolicyModule):
                  kl_coef: float = 0.0, token_accuracy: bool = True, optimizer: OptimizerCallable = torch.optim.AdamW,
                  lr_scheduler: LRSchedulerCallable | None = None, grad_clip: float | None = 1.0,
                  on_nonfinite: Literal["raise", "skip"] = "raise", gradient_checkpointing: bool = False,
-                 chunk_size: int = 1024) -> None:
+                 chunk_size: int = 1024, lm_head_matmul_dtype: Literal["float32", "bfloat16"] = "float32") -> None:
         super().__init__(**PolicyModule.options_of(locals()))
         if loss not in ("sft", "rlhf", "generic"):
             raise ValueError(f"SFTModule: loss must be 'sft', 'rlhf' or 'generic', got {loss!r}.")
@@ -65,7 +65,8 @@ class SFTModule(PolicyModule):
         self.loss, self.normalization, self.kl_coef, self.token_accuracy = loss, normalization, kl_coef, token_accuracy
         # The generate version answers greedily (ValidationSamples); its log-prob version scores at temperature 1.
         policy = TransformersWrapper(self.model, tokenizer=self.tokenizer, input_mode="tokens",
-                                     generate_kwargs={"max_new_tokens": 64, "do_sample": False}, chunk_size=chunk_size)
+                                     generate_kwargs={"max_new_tokens": 64, "do_sample": False}, chunk_size=chunk_size,
+                                     matmul_dtype=self.head_matmul_dtype)
         # the reference (kl_coef > 0) lives in the callback: not trained, not checkpointed, not exported (with LoRA:
         # the trained model with its adapters disabled)
         self.versions = PolicyVersionSwitch(policy, reference_model=self.reference_model() if kl_coef > 0 else None)

@@ -37,6 +37,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
+from lit_llm.policy.frozen_weights import MIXED_COMPUTE_DTYPES
 from lit_llm.rewards import TrainerState
 from lit_llm.rollouts import AsyncRollouts, RolloutBatch, RolloutEngine, policy_responses
 from lit_llm.rollouts.dynamic_sampling import SamplingCap, informative_groups, select_groups
@@ -138,6 +139,11 @@ class PolicyVersionSwitch(Callback):
     def is_peft(self) -> bool:
         """Whether the trained model is a ``peft`` ``PeftModel`` (LoRA)."""
         return callable(getattr(self.model, "get_base_model", None))
+
+    def compute_dtype(self) -> torch.dtype | None:
+        """The dtype the trainer's autocast computes matmuls in, where frozen copies are cast to it (``bf16-mixed``:
+        ``torch.bfloat16``, :data:`~lit_llm.policy.frozen_weights.MIXED_COMPUTE_DTYPES`), else ``None``."""
+        return None if self._trainer is None else MIXED_COMPUTE_DTYPES.get(str(self._trainer.precision))
 
     def precision_context(self) -> AbstractContextManager:
         """The trainer's precision context (autocast under ``bf16-mixed``), as Lightning enters it around
@@ -321,7 +327,7 @@ class PolicyVersionSwitch(Callback):
         self.async_rollouts = StatefulAsyncRollouts.from_engine(
             self.engine, loader, max_staleness=2**62 if distributed else self.max_staleness, version=version,
             rollout_context=self.precision_context, trainer_state_fn=self.trainer_state,
-            copy_weights=self.vllm is None)
+            copy_weights=self.vllm is None, compute_dtype=self.compute_dtype())
         return self.async_rollouts
 
     def take_rollout(self, batch: Any, step: int) -> tuple[RolloutBatch | None, int, float]:

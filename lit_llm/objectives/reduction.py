@@ -12,74 +12,13 @@ DDP averages gradients over ranks) must multiply the loss by ``accumulate_grad_b
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator
-
 import torch
 from torch import Tensor
 
+from lit_llm.policy.deferred import DeferredChecks, check_value, deferred_checks
+
 __all__ = ["DeferredChecks", "as_bool_mask", "check_per_token", "check_value", "deferred_checks", "k3_kl",
            "masked_min_max", "resolve_normalizer"]
-
-_ACTIVE = threading.local()  # .checks: the DeferredChecks of the innermost deferred_checks() block of this thread
-
-
-class DeferredChecks:
-    """The value checks of a block (one optimizer step), kept on the device and read on the host once: a check of a
-    tensor's values is a device-to-host sync, and a loss makes several per micro-batch (issue 28).
-
-    Each entry is a 0-d bool tensor (True = failed) and the function that builds its error (called only on failure,
-    so a message may read the tensors then).
-    """
-
-    def __init__(self) -> None:
-        self._failed: list[Tensor] = []
-        self._errors: list[Callable[[], Exception]] = []
-
-    def add(self, failed: Tensor, error: Callable[[], Exception]) -> None:
-        self._failed.append(failed.reshape(()))
-        self._errors.append(error)
-
-    def failed(self) -> Tensor | None:
-        """0-d bool: whether any check failed (on the device, not read), or ``None`` when nothing was checked."""
-        return torch.stack(self._failed).any() if self._failed else None
-
-    def verify(self) -> None:
-        """Raise the error of the first failed check (one host read; nothing when every check passed)."""
-        if not self._failed:
-            return
-        for failed, error in zip(torch.stack(self._failed).tolist(), self._errors):
-            if failed:
-                raise error()
-
-
-@contextlib.contextmanager
-def deferred_checks() -> Iterator[DeferredChecks]:
-    """Inside the block, :func:`check_value` (the losses' value checks) records its checks in the yielded
-    :class:`DeferredChecks` instead of reading them at once; the caller verifies them
-    (:meth:`DeferredChecks.verify`, or folded into its own host read with :meth:`DeferredChecks.failed`). Used by
-    :meth:`lit_llm.lightning.module.PolicyModule.training_step` around the micro-batches of a step. Thread-local."""
-    checks, previous = DeferredChecks(), getattr(_ACTIVE, "checks", None)
-    _ACTIVE.checks = checks
-    try:
-        yield checks
-    finally:
-        _ACTIVE.checks = previous
-
-
-def check_value(failed: Tensor, error: Callable[[], Exception]) -> None:
-    """Raise ``error()`` when the 0-d bool tensor ``failed`` is True: at once (one host read), or, inside
-    :func:`deferred_checks`, when that block's owner verifies the block's checks.
-
-    Raises:
-        Exception: ``error()``, outside :func:`deferred_checks` and when ``failed``.
-    """
-    checks = getattr(_ACTIVE, "checks", None)
-    if checks is not None:
-        checks.add(failed, error)
-    elif bool(failed):
-        raise error()
 
 
 def as_bool_mask(mask: Tensor, *, name: str, shape: torch.Size | tuple[int, ...] | None = None) -> Tensor:

@@ -44,6 +44,7 @@ Gradient norm                      ``train/grad_norm``                          
 Learning rate                      ``train/lr``, ``lr-<Optimizer>`` (LearningRateMonitor)                 lr
 Skipped steps                      ``train/skipped_steps`` (non-finite steps skipped)                     count
 Host memory                        ``memory/host_rss_gib``, ``memory/host_peak_rss_gib``                  GiB
+GPU memory                         ``memory/cuda_allocated_gib``, ``memory/cuda_peak_gib`` (CUDA only)    GiB
 =================================  =====================================================================  ==========
 
 A column goes to the first spec of that list whose pattern it matches; a spec's named group ``label`` (when it has

@@ -63,6 +63,7 @@ PANEL_SPECS: tuple[PanelSpec, ...] = (
     PanelSpec("Learning rate", "learning rate", r"((^|/)lr$|(^|/)learning_rate$|^lr-)"),
     PanelSpec("Skipped steps", "non-finite steps skipped (cumulative)", r"(^|/)skipped_steps$"),
     PanelSpec("Host memory", "resident set (GiB)", r"^memory/(?P<label>host_(peak_)?rss_gib)$"),
+    PanelSpec("GPU memory", "allocated (GiB)", r"^memory/(?P<label>cuda_(allocated|peak)_gib)$"),
 )
 """Panels in display order; a column goes to the first that matches (see the :mod:`lit_llm.plot` docstring)."""
 

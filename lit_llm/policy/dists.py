@@ -323,7 +323,7 @@ class MaskedDistributionsMixin:
         if layout.single:
             hidden, mask, tokens = hidden[0], mask[0], tokens[0]
         dist = ChunkedLLMMaskedCategorical(hidden, weight, mask, bias=bias, temperature=self.temperature,
-                                           chunk_size=self.chunk_size)
+                                           chunk_size=self.chunk_size, matmul_dtype=getattr(self, "matmul_dtype", None))
         dist.tokens = tokens
         return dist
 

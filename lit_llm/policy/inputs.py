@@ -18,6 +18,7 @@ from torch import Tensor
 from lit_llm.data.containers import template_display_name
 from lit_llm.data.errors import check_prefix
 from lit_llm.policy.common import _flatten
+from lit_llm.policy.deferred import check_value
 from lit_llm.policy.dist_layout import DistLayout
 from lit_llm.policy.generation import check_token_ids, pad_rows
 from lit_llm.policy.logprobs import check_packed_positions
@@ -268,15 +269,17 @@ class LogProbInputsMixin:
         ids, attn = _dense(td, ids_key), _dense(td, attn_key)
         if ids is None or attn is None or ids.dim() != 2 or attn.shape != ids.shape:
             return None
-        if attn.dtype != torch.bool and (attn.dtype.is_floating_point or attn.dtype.is_complex
-                                         or bool(((attn != 0) & (attn != 1)).any())):
-            raise ValueError(f"{type(self).__name__}: {attn_key!r} must be a bool (or 0/1 integer) [B, T] mask "
-                             f"aligned with {ids_key!r}; got dtype {attn.dtype}. Pass attention_mask.bool().")
+        def not_a_mask() -> ValueError:
+            return ValueError(f"{type(self).__name__}: {attn_key!r} must be a bool (or 0/1 integer) [B, T] mask "
+                              f"aligned with {ids_key!r}; got dtype {attn.dtype}. Pass attention_mask.bool().")
+
+        if attn.dtype.is_floating_point or attn.dtype.is_complex:
+            raise not_a_mask()
+        if attn.dtype != torch.bool:  # values: one host read outside a training step, none inside one
+            check_value(((attn != 0) & (attn != 1)).any(), not_a_mask)
         dev = self.device
         ids, attn = ids.to(dev), attn.to(dev).bool()
-        if _dense_ids_need_check(self.model, ids, attn):  # one vectorised test; the per-row check names the culprit
-            check_token_ids(self.model, _real_rows(ids, attn),
-                            what=f"{type(self).__name__} (log-prob version): {ids_key!r}")
+        ids = _checked_dense_ids(self.model, ids, attn, f"{type(self).__name__} (log-prob version): {ids_key!r}")
         asst = _dense(td, self._k(self.masks_key, "all_assistant_mask"))
         if asst is not None and asst.shape == ids.shape:
             return ids, attn, asst.to(dev).bool() & attn
@@ -289,21 +292,37 @@ class LogProbInputsMixin:
         return ids, attn, asst
 
 
-def _dense_ids_need_check(model: Any, ids: Tensor, attn: Tensor) -> bool:
-    """Whether dense ``[B, T]`` ids might fail :func:`check_token_ids` (non-integer ids, an empty row, an id outside
-    the vocabulary, a row longer than the context), tested on the whole tensor with one device sync."""
+def _checked_dense_ids(model: Any, ids: Tensor, attn: Tensor, what: str) -> Tensor:
+    """:func:`check_token_ids` of the real tokens of dense ``[B, T]`` ids, tested on the whole tensor: the dtype and
+    a width over the context are read from the shapes (checked at once); the values (an empty row, an id outside the
+    vocabulary, a row longer than the context) with :func:`~lit_llm.policy.deferred.check_value` (one host read
+    outside a training step, none inside one; on failure the per-row check names the culprit).
+
+    Returns:
+        ``ids`` with the real tokens' ids clamped into the vocabulary (unchanged when the check passes; padding as
+        given), so that a check deferred to the step's read cannot index outside the embedding meanwhile.
+    """
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        return True
+        check_token_ids(model, _real_rows(ids, attn), what=what)  # raises: names the row and the dtype
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     vocab = getattr(emb, "num_embeddings", None) or getattr(getattr(model, "config", None), "vocab_size", None)
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     lengths = attn.sum(-1)
+    if context is not None and ids.shape[1] > context and bool(lengths.max() > context):  # learned positions
+        check_token_ids(model, _real_rows(ids, attn), what=what)  # would index outside their table: at once
     bad = (lengths == 0).any()
     if vocab is not None:
         bad |= (attn & ((ids < 0) | (ids >= vocab))).any()
-    if context is not None and lengths.numel():
-        bad |= lengths.max() > context
-    return bool(bad)
+
+    def error() -> Exception:
+        try:
+            check_token_ids(model, _real_rows(ids, attn), what=what)
+        except ValueError as e:
+            return e
+        return ValueError(f"{what}: ids a model cannot score")  # not reached: check_token_ids tests the same
+
+    check_value(bad, error)
+    return ids if vocab is None else torch.where(attn, ids.clamp(0, vocab - 1), ids)
 
 
 def _unpad_left_prefix(prompt_row: Tensor, full_row: Tensor, row: int) -> int:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lit_llm.policy.deferred import check_value
+
 __all__ = ["IGNORE_INDEX", "chunked_token_log_probs", "naive_token_log_probs"]
 
 IGNORE_INDEX = -100
@@ -193,7 +195,11 @@ def chunked_token_log_probs(
 
     Raises:
         ValueError: shape mismatch between ``hidden``/``weight``/``targets``/``bias``, non-integer targets, a target
-            outside ``[0, V)`` that is not ``ignore_index``, ``temperature <= 0`` or ``chunk_size < 1``.
+            outside ``[0, V)`` that is not ``ignore_index``, ``temperature <= 0`` or ``chunk_size < 1``. Inside a
+            training step (:func:`~lit_llm.policy.deferred.deferred_checks`) the target check is raised at the
+            step's one host read, those targets left out meanwhile.
+
+    Host syncs: the ``nonzero`` of the scored positions (outside a training step, one more for the target check).
     """
     _check_scalars(temperature, chunk_size)
     if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
@@ -212,21 +218,24 @@ def chunked_token_log_probs(
         raise ValueError(f"chunked_token_log_probs: bias must be [V]={tuple(weight.shape[:1])} not {tuple(bias.shape)}")
     vocab = weight.shape[0]
     flat_y = targets.reshape(-1).long()
-    valid = flat_y != ignore_index
-    bad = valid & ((flat_y < 0) | (flat_y >= vocab))
-    if bool(bad.any()):
+    valid = (flat_y >= 0) & (flat_y < vocab) & (flat_y != ignore_index)  # the scored positions
+    bad = ~valid & (flat_y != ignore_index)  # left out of the computation even when its error is deferred
+
+    def out_of_vocabulary() -> ValueError:
         pos = int(bad.nonzero()[0])
-        raise ValueError(
+        return ValueError(
             f"chunked_token_log_probs: targets (flattened) position {pos} holds {int(flat_y[pos])}, outside the "
             f"vocabulary [0, {vocab}) and not ignore_index={ignore_index}. Mask such positions with {ignore_index}."
         )
+
+    check_value(bad.any(), out_of_vocabulary)  # inside a training step: read with the step's one host read
     if matmul_dtype is None:
         mm_dtype = torch.promote_types(torch.promote_types(hidden.dtype, weight.dtype), torch.float32)
     else:
         mm_dtype = matmul_dtype
     flat_h = hidden.reshape(-1, hidden.shape[-1])
-    all_valid = bool(valid.all())
-    idx = None if all_valid else valid.nonzero().squeeze(1)
+    idx = valid.nonzero().squeeze(1)  # the one host sync of a call (its size is the number of scored positions)
+    all_valid = idx.numel() == flat_y.numel()
     h_v = flat_h if all_valid else flat_h.index_select(0, idx)
     y_v = flat_y if all_valid else flat_y.index_select(0, idx)
     logp_v, ent_v, hits_v = _ChunkedTokenLogProbs.apply(

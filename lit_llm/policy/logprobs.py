@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lit_llm.policy.deferred import check_value
 from lit_llm.policy.generation import cache_kwarg, pad_rows
 from lit_llm.policy.kernel import IGNORE_INDEX, _check_scalars, chunked_token_log_probs, naive_token_log_probs
 
@@ -91,12 +92,15 @@ def _check_mask(input_ids: Tensor, attention_mask: Tensor, name: str = "model_to
     mask = attention_mask.bool()
     # One contiguous block of 1s per row (left or right padding): at most one 0->1 rise, counting a 1 at t=0 as one.
     rises = (mask[:, 1:] & ~mask[:, :-1]).sum(1) + mask[:, 0].long()
-    if bool((rises > 1).any()):
+
+    def holes() -> ValueError:
         row = int((rises > 1).nonzero()[0])
-        raise ValueError(
+        return ValueError(
             f"{name}: attention_mask row {row} has holes (padding inside the sequence). Only left- or "
             f"right-padded rows (one contiguous block of 1s) are supported; re-pad the batch."
         )
+
+    check_value((rises > 1).any(), holes)  # inside a training step: read with the step's one host read
     return mask
 
 
@@ -284,24 +288,36 @@ def _check_completion_inputs(name: str, prompt_ids: Tensor, prompt_mask: Tensor,
     for arg, value in (("prompt_ids", prompt_ids), ("completion_ids", completion_ids)):
         if value.dtype.is_floating_point or value.dtype == torch.bool:
             raise ValueError(f"{name}: {arg} must be integer token ids (torch.long), got {value.dtype}.")
-    pmask = prompt_mask.bool()
-    if prompt_ids.shape[1] == 0 or not bool(pmask[:, -1].all()) or bool((pmask[:, 1:] < pmask[:, :-1]).any()):
+    if prompt_ids.shape[1] == 0:
         raise ValueError(f"{name}: every prompt row must be non-empty and left-padded (its real tokens "
                          "end at the last column); re-pad the prompts on the left.")
-    cmask = completion_mask.bool()
-    if bool((cmask[:, 1:] > cmask[:, :-1]).any()):
-        raise ValueError(f"{name}: completion_mask rows must be right-padded (1s then 0s); re-pad the "
-                         "completions on the right.")
     if n_rows == 0 or comp_len == 0:
         raise ValueError(f"{name}: no completion to score (completion_ids "
                          f"{tuple(completion_ids.shape)}); give at least one row with at least one completion token.")
     if prompt_index.dtype.is_floating_point or prompt_index.dtype == torch.bool:
         raise ValueError(f"{name}: prompt_index must be integer row indices, got {prompt_index.dtype}.")
-    index = prompt_index.long()
-    if int(index.min()) < 0 or int(index.max()) >= prompt_ids.shape[0]:
-        raise ValueError(f"{name}: prompt_index must lie in [0, {prompt_ids.shape[0]}); got values in "
-                         f"[{int(index.min())}, {int(index.max())}].")
-    return pmask, cmask, index
+    n_prompts = prompt_ids.shape[0]
+    if n_prompts == 0:
+        raise ValueError(f"{name}: prompt_index must lie in [0, 0): prompt_ids has no row; give each completion's "
+                         f"prompt.")
+    pmask, cmask, index = prompt_mask.bool(), completion_mask.bool(), prompt_index.long()
+    # The value checks: one host read outside a training step, none inside one (read with the step's flags).
+    bad_prompts = ~pmask[:, -1].all() | (pmask[:, 1:] < pmask[:, :-1]).any()
+    bad_completions = (cmask[:, 1:] > cmask[:, :-1]).any()
+    bad_index = ((index < 0) | (index >= n_prompts)).any()
+
+    def error() -> ValueError:
+        if bool(bad_prompts):
+            return ValueError(f"{name}: every prompt row must be non-empty and left-padded (its real tokens "
+                              "end at the last column); re-pad the prompts on the left.")
+        if bool(bad_completions):
+            return ValueError(f"{name}: completion_mask rows must be right-padded (1s then 0s); re-pad the "
+                              "completions on the right.")
+        return ValueError(f"{name}: prompt_index must lie in [0, {n_prompts}); got values in "
+                          f"[{int(index.min())}, {int(index.max())}].")
+
+    check_value(bad_prompts | bad_completions | bad_index, error)
+    return pmask, cmask, index.clamp(0, n_prompts - 1)  # a deferred bad index must not index out of range meanwhile
 
 
 def completion_hidden_states(

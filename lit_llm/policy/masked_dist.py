@@ -17,6 +17,7 @@ import torch.distributions as D
 from torch import Tensor
 
 from lit_llm.distributions import LLMMaskedCategorical, check_mask
+from lit_llm.policy.deferred import check_value
 from lit_llm.policy.kernel import IGNORE_INDEX, _check_scalars, _chunk_logits, chunked_token_log_probs
 
 __all__ = ["ChunkedLLMMaskedCategorical"]
@@ -171,7 +172,8 @@ class ChunkedLLMMaskedCategorical(LLMMaskedCategorical):
 
         Raises:
             ValueError: float/bool values, a shape that does not broadcast, or an id outside ``[0, V)`` at a
-                masked-in position (the message names the first such position).
+                masked-in position (the message names the first such position; inside a training step,
+                :func:`~lit_llm.policy.deferred.deferred_checks`, raised at the step's one host read).
         """
         return self._score(value, "log_prob", entropy=False, hits=False)
 
@@ -226,16 +228,19 @@ class ChunkedLLMMaskedCategorical(LLMMaskedCategorical):
         mask = self._mask.expand(shape)
         value = value.to(self._hidden.device).expand(shape).long()
         bad = mask & ((value < 0) | (value >= self.num_classes))
-        if bool(bad.any()):
+
+        def out_of_vocabulary() -> ValueError:
             pos = tuple(int(i) for i in bad.nonzero()[0])
-            raise ValueError(
+            return ValueError(
                 f"{_NAME}.{name}: value at masked-in position {pos} is {int(value[pos])}, outside the vocabulary "
                 f"[0, {self.num_classes}). Use ignore_index ({self.ignore_index}) only where mask is False."
             )
+
+        check_value(bad.any(), out_of_vocabulary)  # inside a training step: read with the step's one host read
         hidden = self._hidden
         if shape != self.batch_shape:
             hidden = hidden.expand(*shape, hidden.shape[-1])
-        targets = value.masked_fill(~mask, IGNORE_INDEX)
+        targets = value.masked_fill(~mask | bad, IGNORE_INDEX)  # a deferred bad id is not scored meanwhile
         return chunked_token_log_probs(
             hidden, self._weight, targets, bias=self._bias, temperature=self.temperature, chunk_size=self.chunk_size,
             return_entropy=entropy, matmul_dtype=self.matmul_dtype, return_hits=hits,

@@ -98,6 +98,9 @@ class TransformersWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInpu
             ``get_new_version(generate=False)`` scores with the temperature its generate version sampled at.
         chunk_size: positions per LM-head chunk in the log-prob version (peak extra memory ~ ``chunk_size * V * 4``
             bytes); also the chunk size of the distributions of :meth:`get_dist`.
+        matmul_dtype: dtype of the LM-head matmuls of the log-prob version's distributions (``None``, the default:
+            fp32; ``torch.bfloat16``: the head's weight and hidden states in bf16, softmax and reductions fp32 either
+            way; see :func:`~lit_llm.policy.kernel.chunked_token_log_probs`).
         share_prompts: log-prob version, GRPO prompt/completion layout of :meth:`get_dist`: run each distinct prompt
             through the backbone once and the completions on top of its KV cache
             (:func:`~lit_llm.policy.logprobs.completion_hidden_states`). ``False`` runs the full rows (needed under
@@ -160,6 +163,7 @@ class TransformersWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInpu
         batching_timeout: float = 10.0,
         temperature: float | None = None,
         chunk_size: int = 1024,
+        matmul_dtype: torch.dtype | None = None,
         share_prompts: bool = True,
         disable_adapter: bool = False,
     ) -> None:
@@ -190,6 +194,11 @@ class TransformersWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInpu
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}.")
         self.temperature = float(temperature)
         self.chunk_size = chunk_size
+        if matmul_dtype is not None and (not isinstance(matmul_dtype, torch.dtype)
+                                         or not matmul_dtype.is_floating_point):
+            raise ValueError(f"matmul_dtype must be None (fp32) or a floating torch.dtype such as torch.bfloat16, got "
+                             f"{matmul_dtype!r}.")
+        self.matmul_dtype = matmul_dtype
         if not isinstance(share_prompts, bool):
             raise ValueError(f"share_prompts must be a bool, got {share_prompts!r}.")
         self.share_prompts = share_prompts
@@ -217,7 +226,7 @@ class TransformersWrapper(GenerateVersionMixin, LogProbVersionMixin, LogProbInpu
                 "tokenizer_kwargs": dict(self.tokenizer_kwargs), "device": self._device,
                 "chat_template": None if self.chat_template_name else self.chat_template,
                 "chat_template_name": self.chat_template_name, "temperature": self._user_temperature,
-                "num_samples": self._user_num_samples, "chunk_size": self.chunk_size,
+                "num_samples": self._user_num_samples, "chunk_size": self.chunk_size, "matmul_dtype": self.matmul_dtype,
                 "share_prompts": self.share_prompts, "disable_adapter": self.disable_adapter,
                 "attention_mask_key": self.attention_mask_key}
 

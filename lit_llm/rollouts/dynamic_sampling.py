@@ -79,7 +79,7 @@ def select_groups(rollouts: Sequence[RolloutBatch], num_groups: int, num_generat
     advantage, _ = compute_advantages(out.reward, g, scale_rewards=scale_rewards,  # type: ignore[arg-type]
                                       advantage_estimator=advantage_estimator)  # type: ignore[arg-type]
     out.advantage = advantage
-    out.group = torch.arange(num_groups).repeat_interleave(g)
+    out.group = torch.arange(num_groups, device=out.reward.device).repeat_interleave(g)
     out.frac_reward_zero_std = 1.0 - sum(int(f.sum()) for f in flags) / drawn
     return out  # generation_time / reward_time: cat's sums, kept by select_rows
 

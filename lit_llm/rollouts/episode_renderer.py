@@ -25,6 +25,10 @@ from lit_llm.rollouts.envs.tools import prompt_with_tools, tool_schemas
 
 __all__ = ["EpisodeRenderer"]
 
+#: Where rendered ids live: on the host, as the trajectory keeps them (the generate version copies a batch's prompts
+#: to the model's device in one transfer, ``rows_to_device``), whatever torch's default device is.
+_HOST = torch.device("cpu")
+
 
 class EpisodeRenderer:
     """Token ids of an episode's renders with one chat template: the first render and the suffixes.
@@ -125,11 +129,12 @@ class EpisodeRenderer:
                                           split_special_tokens=True)["input_ids"]
                 elif piece:
                     ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
-        return torch.tensor(ids, dtype=torch.long)
+        return torch.tensor(ids, dtype=torch.long, device=_HOST)
 
     def _encode(self, text: str) -> Tensor:
         with self._tokenizer_lock:
-            return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+            return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long,
+                                device=_HOST)
 
     def decode(self, ids: Sequence[int] | Tensor, *, skip_special_tokens: bool = True) -> str:
         """``tokenizer.decode`` (thread-safe): a sampled turn's text as the environment reads it."""

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_llm.policy.frozen_weights import cast_frozen_matmul_weights
 from lit_llm.policy.thread_context import current_device_index
 from lit_llm.rollouts.batch import RolloutBatch
 from lit_llm.rollouts.engine import RolloutEngine, RolloutError
@@ -83,19 +84,27 @@ class AsyncRollouts:
     def from_policy(cls, policy: Any, prompts: Iterable[Mapping[str, Any]], *, max_staleness: int = 1,
                     queue_size: int = 1, version: int = 0,
                     rollout_context: Callable[[], AbstractContextManager] | None = None,
-                    engine_cls: type[RolloutEngine] = RolloutEngine, **engine_kwargs: Any) -> AsyncRollouts:
+                    engine_cls: type[RolloutEngine] = RolloutEngine, compute_dtype: torch.dtype | None = None,
+                    **engine_kwargs: Any) -> AsyncRollouts:
         """Build an engine over a deep copy of ``policy.model`` (same wrapper settings) and wrap it.
 
         Args:
             policy: the generate version (see :class:`RolloutEngine`); its model is copied, not shared.
             prompts, max_staleness, queue_size: see the class.
             version: version of the weights being copied.
+            compute_dtype: the compute dtype of the autocast the rollouts run in (``torch.bfloat16`` under
+                ``bf16-mixed``): the copy's ``Linear`` weights (not its norms, embeddings or LM head) are cast to it
+                once (:func:`~lit_llm.policy.frozen_weights.cast_frozen_matmul_weights`), instead of by autocast at
+                every decode step; the same numbers. Synced weights are rounded to it by ``load_state_dict``'s copy,
+                as autocast would round them. ``None``: the copy keeps the trained model's dtypes.
             engine_cls: the engine class: :class:`RolloutEngine`, or
                 :class:`~lit_llm.rollouts.episodes.EpisodeEngine` for multi-turn episodes (its options, e.g. from
                 ``episode=`` :class:`~lit_llm.rollouts.settings.EpisodeSettings`, in ``engine_kwargs``).
             **engine_kwargs: ``engine_cls`` keyword arguments.
         """
         model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+        if compute_dtype is not None:
+            cast_frozen_matmul_weights(model, compute_dtype)
         settings = {**policy._settings(), **policy._batching_settings()}
         twin = type(policy)(model, **settings)
         engine = engine_cls(twin, **engine_kwargs, version=version)
@@ -106,7 +115,8 @@ class AsyncRollouts:
     def from_engine(cls, engine: RolloutEngine, prompts: Iterable[Mapping[str, Any]], *, max_staleness: int = 1,
                     queue_size: int = 1, version: int | None = None,
                     rollout_context: Callable[[], AbstractContextManager] | None = None,
-                    trainer_state_fn: Callable[[], Any] | None = None, copy_weights: bool = True) -> AsyncRollouts:
+                    trainer_state_fn: Callable[[], Any] | None = None, copy_weights: bool = True,
+                    compute_dtype: torch.dtype | None = None) -> AsyncRollouts:
         """A producer over a twin of ``engine``: the same class, settings (taken whole, :meth:`RolloutEngine.
         twin_kwargs`), reward functions and rank, over a deep copy of its policy's weights (:meth:`from_policy`), or
         with ``copy_weights=False`` over the same policy (a shared inference engine such as vLLM, whose weights the
@@ -118,6 +128,7 @@ class AsyncRollouts:
             version: version of the weights being copied (default: the engine's).
             trainer_state_fn: the twin's ``trainer_state_fn`` (default: the engine's).
             copy_weights: copy the policy's model (``False``: share the policy, no copy).
+            compute_dtype: see :meth:`from_policy` (with ``copy_weights`` only).
         """
         kwargs = engine.twin_kwargs()
         if trainer_state_fn is not None:
@@ -128,7 +139,8 @@ class AsyncRollouts:
             return cls(twin, prompts, max_staleness=max_staleness, queue_size=queue_size,
                        rollout_context=rollout_context)
         return cls.from_policy(engine.policy, prompts, max_staleness=max_staleness, queue_size=queue_size,
-                               version=version, rollout_context=rollout_context, engine_cls=type(engine), **kwargs)
+                               version=version, rollout_context=rollout_context, engine_cls=type(engine),
+                               compute_dtype=compute_dtype, **kwargs)
 
     def __len__(self) -> int:
         return len(self.prompts)  # type: ignore[arg-type]

@@ -122,6 +122,11 @@ def hf_weights(trained: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
     (``W + get_delta_weight(adapter)`` = ``W + (lora_alpha / r) B A`` for each active adapter, in ``W``'s dtype): the
     engine serves base + adapters while the trainer keeps its adapters unmerged. Adapter tensors are not yielded; a
     tied weight is yielded once (as ``named_parameters()`` lists it).
+
+    The tensors keep the trainer's dtype (fp32 master weights): vLLM's weight loaders cast each one into the engine's
+    dtype as they copy it, once per push, not once per decode step (docs/distributed.md, issue 28). Under
+    ``bf16-mixed`` with LoRA the base is bf16 during the fit, so the merge runs in bf16 there
+    (:func:`~lit_llm.policy.frozen_weights.cast_frozen_base_weights`).
     """
     get_base = getattr(trained, "get_base_model", None)
     if not callable(get_base):

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 from lightning.pytorch import Trainer
-from torch.utils._python_dispatch import TorchDispatchMode
+from sync_counter import CastCounter
 
 from lit_llm.lightning.datamodules import SFTDataModule
 from lit_llm.lightning.sft import SFTModule
@@ -20,20 +20,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 #: The tiny model's ``Linear`` layers under its head: 2 layers x (q, k, v, o, gate, up, down).
 LINEARS = 14
-
-
-class CastCounter(TorchDispatchMode):
-    """Counts copies to bf16 (``aten._to_copy`` with ``dtype=torch.bfloat16``): autocast's casts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.casts = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
-            self.casts += 1
-        return func(*args, **kwargs)
 
 
 def reference_log_probs(model, ids):

@@ -133,12 +133,15 @@ def test_release_follows_the_growth_of_the_resident_set(monkeypatch):
 def test_release_is_skipped_off_the_cpu(monkeypatch):
     calls: list[str] = []
     monkeypatch.setattr(module_mod, "trim_host_memory", lambda: calls.append("trim") or True)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
     module = SFTModule("tiny")
     monkeypatch.setattr(type(module), "device", property(lambda self: torch.device("cuda", 0)))
     figures = module.release_host_memory()
     assert calls == []
     if host_rss_bytes() is not None:
-        assert set(figures) == {"memory/host_rss_gib", "memory/host_peak_rss_gib"}
+        assert set(figures) == {"memory/host_rss_gib", "memory/host_peak_rss_gib", "memory/cuda_allocated_gib",
+                                "memory/cuda_peak_gib"}
 
 
 @pytest.mark.parametrize("growth", [0.0, 1e9])
@@ -170,3 +173,19 @@ def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch, growth):
         assert events == ["trim", "loss", "trim"] * 2
     else:
         assert events == ["trim", "loss", "trim", "loss"]
+
+
+def test_cuda_memory_figures_on_cuda_only(monkeypatch):
+    # stand-in torch.cuda counters (no GPU here): read for the module's own device, in GiB; never on the CPU
+    calls: list[tuple[str, torch.device]] = []
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: calls.append(("allocated", device)) or
+                        3 * 2**29)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: calls.append(("peak", device)) or
+                        5 * 2**30)
+    module = SFTModule("tiny")
+    assert not [k for k in module.release_host_memory() if k.startswith("memory/cuda")]
+    assert calls == []
+    monkeypatch.setattr(type(module), "device", property(lambda self: torch.device("cuda", 1)))
+    figures = module.release_host_memory()
+    assert (figures["memory/cuda_allocated_gib"], figures["memory/cuda_peak_gib"]) == (1.5, 5.0)
+    assert calls == [("allocated", torch.device("cuda", 1)), ("peak", torch.device("cuda", 1))]

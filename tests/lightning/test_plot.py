@@ -596,3 +596,41 @@ def test_host_memory_columns_share_one_panel():
     assert list(panels) == ["Host memory"]
     assert {s.label: s.values for s in panels["Host memory"]} == {"host_rss_gib": [2.5, 2.25],
                                                                    "host_peak_rss_gib": [7.0, 8.5]}
+
+
+def test_gpu_memory_columns_share_one_panel_after_host_memory():
+    rows = [{"step": "1", "memory/host_rss_gib": "2.5", "memory/cuda_allocated_gib": "1.5",
+             "memory/cuda_peak_gib": "3"},
+            {"step": "2", "memory/host_rss_gib": "2.0", "memory/cuda_allocated_gib": "1.25",
+             "memory/cuda_peak_gib": "4"}]
+    panels = collect_panels(rows)
+    assert list(panels) == ["Host memory", "GPU memory"]
+    assert {s.label: s.values for s in panels["GPU memory"]} == {"cuda_allocated_gib": [1.5, 1.25],
+                                                                  "cuda_peak_gib": [3.0, 4.0]}
+
+
+#: A Python run on a machine without matplotlib (issue 28: an offline GPU machine should not need its 21 MiB of
+#: wheels): its import fails and its metadata is absent (torchmetrics, imported by Lightning, imports matplotlib when
+#: the metadata says it is installed), then the training modules and the CLI are imported.
+WITHOUT_MATPLOTLIB = """
+import importlib.metadata, sys
+sys.modules["matplotlib"] = None  # `import matplotlib` raises ImportError; importlib.util.find_spec gives None
+real_version = importlib.metadata.version
+def version(name):
+    if name.lower() == "matplotlib":
+        raise importlib.metadata.PackageNotFoundError(name)
+    return real_version(name)
+importlib.metadata.version = version
+import lit_llm.lightning, lit_llm.lightning.grpo, lit_llm.lightning.cli, lit_llm.lightning.plot
+print(sorted(m for m in sys.modules if m.startswith("matplotlib.")), sys.modules["matplotlib"])
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch, transformers and Lightning (~5-10 s on 2 cores)
+def test_lit_llm_lightning_imports_without_matplotlib():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", WITHOUT_MATPLOTLIB], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[] None"  # no matplotlib module was imported

@@ -6,10 +6,13 @@ checks, deferred to that one read inside a step, raise the same error as outside
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from lightning.pytorch import Trainer
 from sync_counter import SyncCounter, count_syncs
+from tensordict import TensorDict
 
 from lit_llm.lightning import module as module_mod
 from lit_llm.lightning.datamodules import SFTDataModule
@@ -18,6 +21,8 @@ from lit_llm.lightning.grpo_data import GRPODataModule
 from lit_llm.lightning.sft import SFTModule
 from lit_llm.objectives import deferred_checks, sft_loss
 from lit_llm.objectives.reduction import resolve_normalizer
+from lit_llm.policy.logprobs import chunked_token_log_probs, completion_log_probs, model_token_log_probs
+from lit_llm.policy.masked_dist import ChunkedLLMMaskedCategorical
 from lit_llm.policy.transformers_wrapper import TransformersWrapper
 from lit_llm.rewards import RewardFunctions
 from lit_llm.rollouts import RolloutEngine
@@ -158,3 +163,47 @@ def test_failed_loss_check_in_a_step_raises_and_keeps_the_weights(monkeypatch):
         fit(module, dm)
     assert all(torch.equal(a, b) for a, b in zip(before, module.model.parameters()))
     assert all(p.grad is None for p in module.model.parameters())
+
+
+def policy_check_cases(tiny, tokenizer) -> dict[str, Callable[[], object]]:
+    """Calls of the log-prob path with one bad input each (its value check deferred inside a step)."""
+    h, w = torch.randn(1, 3, 4), torch.randn(5, 4)
+    ids = torch.randint(5, 2000, (2, 5), generator=torch.Generator().manual_seed(0))
+    holes = torch.tensor([[1, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    prompts, pmask = ids[:, :3], torch.ones(2, 3, dtype=torch.bool)
+    policy = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="tokens")
+
+    def dist_of(full, attn):
+        return policy.get_generic_dist(TensorDict({"tokens": {"full": full}, "masks": {"all_attention_mask": attn}},
+                                                  batch_size=[2]))
+
+    vocab = tiny.get_input_embeddings().num_embeddings
+    return {
+        "kernel": lambda: chunked_token_log_probs(h, w, torch.tensor([[0, 5, 1]])),
+        "masked_dist": lambda: ChunkedLLMMaskedCategorical(h, w, torch.ones(1, 3, dtype=torch.bool)).log_prob(
+            torch.tensor([[0, 7, 1]])),
+        "mask_holes": lambda: model_token_log_probs(tiny, ids, holes),
+        "prompt_index": lambda: completion_log_probs(tiny, prompts, pmask, ids[:, 3:], torch.ones(2, 2, dtype=bool),
+                                                     torch.tensor([0, 2])),
+        "completion_mask": lambda: completion_log_probs(tiny, prompts, pmask, ids[:, 3:],
+                                                        torch.tensor([[0, 1], [1, 1]]), torch.tensor([0, 1])),
+        "dense_ids": lambda: dist_of(ids.masked_fill(holes == 0, vocab), torch.ones_like(ids)),
+        "attention_values": lambda: dist_of(ids, torch.full_like(ids, 2)),
+    }
+
+
+@pytest.mark.parametrize("case", ["kernel", "masked_dist", "mask_holes", "prompt_index", "completion_mask",
+                                  "dense_ids", "attention_values"])
+def test_log_prob_path_checks_deferred_in_a_step_raise_the_same_error(tiny, tokenizer, case):
+    """The log-prob path's value checks (kernel targets, masked-distribution ids, attention-mask holes, the GRPO
+    layout's prompt index and completion mask, dense ids outside the vocabulary, a non-0/1 attention mask): outside a
+    step raised at once; inside ``deferred_checks`` the call finishes (its bad values made safe, no index error) and
+    the step's verify raises the same error."""
+    call = policy_check_cases(tiny, tokenizer)[case]
+    with pytest.raises(ValueError) as eager:
+        call()
+    with torch.no_grad(), deferred_checks() as checks:
+        call()
+    with pytest.raises(ValueError) as deferred:
+        checks.verify()
+    assert str(deferred.value) == str(eager.value)

@@ -122,3 +122,11 @@ def test_row_seeds_round_zero_unchanged_later_rounds_differ():
     r0, r1, r2 = (set(row_seeds(5, 7, 0, 3, 4, k).tolist()) for k in (0, 1, 2))
     assert not (r0 & r1) and not (r1 & r2) and not (r0 & r2)
     assert base >= 0
+
+
+def test_select_groups_keeps_the_rollouts_device_whatever_the_default_device():
+    # issue 28: the group ids are made on the rollout's device (the meta device stands in for a default CUDA device)
+    r0 = make_batch([[5], [6]], [[10], [11], [12], [13]], [1.0, 1.0, 0.0, 1.0], "x")
+    with torch.device("meta"):
+        out = select_groups([r0], 2, G, scale_rewards="group")
+    assert out.group.device.type == "cpu" and out.group.tolist() == [0, 0, 1, 1]

@@ -428,3 +428,14 @@ def test_max_turns_below_one_is_an_error(tokenizer, max_turns):
     assert str(e.value) == (f"run_episode: max_turns must be an int >= 1 (model turns per episode), got "
                             f"{max_turns!r}.")
     assert env.seen == [] and not env.closed  # checked before the environment is used
+
+
+def test_rendered_ids_are_host_tensors_whatever_the_default_device(tokenizer):
+    # issue 28: no tensor created on a default device (a default CUDA device would put each render on the GPU, row by
+    # row); the meta device stands in for it
+    r = EpisodeRenderer(tokenizer)
+    with torch.device("meta"):
+        ids = [r.prompt_ids([{"role": "user", "content": "Hi"}]),
+               r.suffix_ids([{"role": "tool", "content": "echo <|im_end|>!"}]),
+               r.suffix_ids([{"role": "user", "content": "ok"}])]
+    assert [t.device.type for t in ids] == ["cpu"] * 3 and all(t.numel() > 0 for t in ids)
