@@ -262,11 +262,11 @@ class PolicyModule(CheckpointHooks, LightningModule):
         opt = self.optimizers()
         mbs = batch["micro_batches"]
         step = self.global_step
-        normalizer = self._all_sum(self.step_denominator(mbs).float())
         world = self.trainer.world_size
         totals: dict[str, Tensor] = {}
         losses: list[Tensor] = []  # detached, one per micro-batch: read on the host once, with the step's flags
         with deferred_checks() as checks:
+            normalizer = self._all_sum(self.step_denominator(mbs).float())  # its input checks deferred too
             for i, mb in enumerate(mbs):
                 sync = i == len(mbs) - 1
                 block = getattr(self.trainer.strategy, "block_backward_sync", None)

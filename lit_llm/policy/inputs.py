@@ -269,9 +269,12 @@ class LogProbInputsMixin:
         ids, attn = _dense(td, ids_key), _dense(td, attn_key)
         if ids is None or attn is None or ids.dim() != 2 or attn.shape != ids.shape:
             return None
+
+        given = attn.dtype
+
         def not_a_mask() -> ValueError:
             return ValueError(f"{type(self).__name__}: {attn_key!r} must be a bool (or 0/1 integer) [B, T] mask "
-                              f"aligned with {ids_key!r}; got dtype {attn.dtype}. Pass attention_mask.bool().")
+                              f"aligned with {ids_key!r}; got dtype {given}. Pass attention_mask.bool().")
 
         if attn.dtype.is_floating_point or attn.dtype.is_complex:
             raise not_a_mask()

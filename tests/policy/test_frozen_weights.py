@@ -50,7 +50,8 @@ def test_async_copy_is_cast_once_and_syncs_round_as_autocast(tiny, tokenizer):
     """The producer's copy (compute_dtype bf16): Linear weights bf16, head / norms / embeddings fp32; one forward
     pass makes 14 casts fewer with the same log-probs as the fp32 copy; a sync (the engine's load_weights, which the
     producer calls) rounds the trained fp32 weights to bf16 exactly as autocast does."""
-    policy = TransformersWrapper(tiny, tokenizer=tokenizer, input_mode="tokens", generate=True,
+    trained = copy.deepcopy(tiny)  # the session's tiny model is shared: this one takes a "step" below
+    policy = TransformersWrapper(trained, tokenizer=tokenizer, input_mode="tokens", generate=True,
                                  generate_kwargs={"max_new_tokens": 2})
     kwargs = {"tokenizer": tokenizer, "reward_fn": RewardFunctions([reward]), "num_generations": 2, "batching": False}
     plain = AsyncRollouts.from_policy(policy, [], **kwargs).engine.model
@@ -64,10 +65,10 @@ def test_async_copy_is_cast_once_and_syncs_round_as_autocast(tiny, tokenizer):
     assert copy_.lm_head.weight.dtype == copy_.model.norm.weight.dtype == copy_.model.embed_tokens.weight.dtype \
         == torch.float32
     with torch.no_grad():
-        tiny.model.layers[0].self_attn.q_proj.weight.add_(1e-3)  # a trained step's change, then a sync
-    cast.engine.load_weights(tiny.state_dict(), 1)
-    q = copy_.model.layers[0].self_attn.q_proj.weight
-    assert q.dtype == torch.bfloat16 and torch.equal(q, tiny.model.layers[0].self_attn.q_proj.weight.to(torch.bfloat16))
+        trained.model.layers[0].self_attn.q_proj.weight.add_(1e-3)  # a trained step's change, then a sync
+    cast.engine.load_weights(trained.state_dict(), 1)
+    q, source = copy_.model.layers[0].self_attn.q_proj.weight, trained.model.layers[0].self_attn.q_proj.weight
+    assert q.dtype == torch.bfloat16 and torch.equal(q, source.to(torch.bfloat16))
     assert cast.engine.version == 1
 
 
