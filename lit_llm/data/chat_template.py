@@ -267,9 +267,10 @@ def set_chat_template(tokenizer: Any, chat_template: str | os.PathLike) -> str:
 
 # ---------------------------------------------------------------------- tokenisation helpers
 def _tokenize(tokenizer: Any, text: str, spans: list[tuple[int, int]] | None, name: str) -> dict[str, torch.Tensor]:
+    # token ids are made on the host whatever torch's default device is (issue 28: no tensor on a default device)
     if spans is None:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids_t = torch.tensor(ids, dtype=torch.long)
+        ids_t = torch.tensor(ids, dtype=torch.long, device="cpu")
         return {"input_ids": ids_t, "attention_mask": torch.ones_like(ids_t)}
     if not getattr(tokenizer, "is_fast", False):
         raise ChatTemplateError(
@@ -277,8 +278,8 @@ def _tokenize(tokenizer: Any, text: str, spans: list[tuple[int, int]] | None, na
             f"with AutoTokenizer.from_pretrained(..., use_fast=True)."
         )
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids_t = torch.tensor(enc["input_ids"], dtype=torch.long)
-    mask = torch.zeros(len(ids_t), dtype=torch.bool)
+    ids_t = torch.tensor(enc["input_ids"], dtype=torch.long, device="cpu")
+    mask = torch.zeros(len(ids_t), dtype=torch.bool, device="cpu")
     for t, (a, b) in enumerate(enc["offset_mapping"]):
         # A token is in when its characters [a, b) overlap a span [s, e); zero-width tokens are never in.
         mask[t] = any(a < e and b > s for s, e in spans)
@@ -299,7 +300,7 @@ def _pad(outs: list[dict[str, torch.Tensor]], tokenizer: Any, padding_side: str 
         rows = []
         for o in outs:
             x = o[key]
-            fill = torch.full((length - len(x),), value, dtype=x.dtype)
+            fill = torch.full((length - len(x),), value, dtype=x.dtype, device=x.device)
             rows.append(torch.cat([fill, x] if side == "left" else [x, fill]))
         result[key] = torch.stack(rows)
     return result

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
-__all__ = ["DeferredChecks", "check_value", "deferred_checks"]
+__all__ = ["DeferredChecks", "check_value", "deferred_checks", "deferring"]
 
 _ACTIVE = threading.local()  # .checks: the DeferredChecks of the innermost deferred_checks() block of this thread
 
@@ -82,3 +82,9 @@ def check_value(failed: Tensor, error: Callable[[], Exception]) -> None:
         checks.add(failed, error)
     elif bool(failed):
         raise error()
+
+
+def deferring() -> bool:
+    """Whether this thread is inside a :func:`deferred_checks` block (a failed :func:`check_value` then raises later,
+    so a caller whose bad input would index out of range must make it safe first)."""
+    return getattr(_ACTIVE, "checks", None) is not None

@@ -18,7 +18,7 @@ from torch import Tensor
 from lit_llm.data.containers import template_display_name
 from lit_llm.data.errors import check_prefix
 from lit_llm.policy.common import _flatten
-from lit_llm.policy.deferred import check_value
+from lit_llm.policy.deferred import check_value, deferring
 from lit_llm.policy.dist_layout import DistLayout
 from lit_llm.policy.generation import check_token_ids, pad_rows
 from lit_llm.policy.logprobs import check_packed_positions
@@ -302,8 +302,9 @@ def _checked_dense_ids(model: Any, ids: Tensor, attn: Tensor, what: str) -> Tens
     outside a training step, none inside one; on failure the per-row check names the culprit).
 
     Returns:
-        ``ids`` with the real tokens' ids clamped into the vocabulary (unchanged when the check passes; padding as
-        given), so that a check deferred to the step's read cannot index outside the embedding meanwhile.
+        ``ids`` as given; inside a training step (:func:`~lit_llm.policy.deferred.deferring`) a copy with the real
+        tokens' ids clamped into the vocabulary (the same values when the check passes), so that a check deferred to
+        the step's read cannot index outside the embedding meanwhile.
     """
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         check_token_ids(model, _real_rows(ids, attn), what=what)  # raises: names the row and the dtype
@@ -325,7 +326,7 @@ def _checked_dense_ids(model: Any, ids: Tensor, attn: Tensor, what: str) -> Tens
         return ValueError(f"{what}: ids a model cannot score")  # not reached: check_token_ids tests the same
 
     check_value(bad, error)
-    return ids if vocab is None else torch.where(attn, ids.clamp(0, vocab - 1), ids)
+    return torch.where(attn, ids.clamp(0, vocab - 1), ids) if vocab is not None and deferring() else ids
 
 
 def _unpad_left_prefix(prompt_row: Tensor, full_row: Tensor, row: int) -> int:
