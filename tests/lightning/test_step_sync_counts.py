@@ -36,12 +36,13 @@ OWN = ("objectives", "module.py")  # lit_llm/objectives/*.py and lightning/modul
 OBJECTIVES = {"sft.py", "grpo.py", "reduction.py", "correction.py", "loss_types.py", "advantages.py"}
 #: What is left per micro-batch (policy and reference versions; for SFT also the step count's mask), measured, exact:
 #: one ``nonzero`` per kernel call (the scored positions: its size is data-dependent, so it is the kernel's one host
-#: sync; before, 2 reads and that ``nonzero`` when a target was ignored) and ``.to(device)`` calls the counter counts whenever a device is passed -- no-ops in training, where the
-#: micro-batch is already on the model's device (Lightning moves SFT batches, ``GRPOModule.micro_batches`` moves
-#: rollouts); they copy only when a caller hands host tensors to a model on a GPU. The value checks of the log-prob
-#: path (kernel targets, masked-distribution ids, attention-mask holes and 0/1 values, dense ids, the GRPO layout's
-#: masks and prompt index) are deferred to the step's one read, GRPO's ratio ranges stay on the device (before: SFT
-#: 26 per micro-batch with 11 check reads, GRPO 38 with 16 check reads and 8 reads of GRPOStepStats.add).
+#: sync; before, 2 reads and that ``nonzero`` when a target was ignored) and ``.to(device)`` calls, which the counter
+#: counts whenever a device is passed: no-ops in training, where the micro-batch is already on the model's device
+#: (Lightning moves SFT batches, ``GRPOModule.micro_batches`` moves rollouts); they copy only when a caller hands host
+#: tensors to a model on a GPU. The value checks of the log-prob path (kernel targets, masked-distribution ids,
+#: attention-mask holes and 0/1 values, dense ids, the GRPO layout's masks and prompt index) are deferred to the
+#: step's one read, GRPO's ratio ranges stay on the device (before: SFT 26 per micro-batch with 11 check reads, GRPO
+#: 38 with 16 check reads and 8 reads of GRPOStepStats.add).
 PER_MICRO_BATCH = {
     "sft": {("nonzero", "kernel.py:chunked_token_log_probs"): 2, ("to_device", "inputs.py:_dense_full"): 9,
             ("to_device", "dists.py:_explicit_mask"): 2, ("to_device", "masked_dist.py:_score"): 2},
