@@ -133,3 +133,19 @@ def test_lora_fit_under_bf16_mixed_holds_a_bf16_base(dtype, during, after):
     trained = {n: p for n, p in module.model.named_parameters() if p.requires_grad}
     assert all(p.dtype == torch.float32 for p in trained.values())
     assert any(not torch.equal(adapters[n], p) for n, p in trained.items())  # the adapters were trained
+
+
+@pytest.mark.parametrize(("precision", "linear_dtype"), [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])
+def test_grpo_async_producer_copy_is_cast_under_bf16_mixed_only(precision, linear_dtype):
+    from lit_llm.lightning.grpo import GRPOModule
+    from lit_llm.lightning.grpo_data import GRPODataModule
+
+    module = GRPOModule("tiny", reward_funcs=[reward], num_generations=2, max_new_tokens=2, micro_batch_size=4,
+                        rollout_mode="async", log_samples_every=0)
+    Trainer(max_steps=1, accelerator="cpu", precision=precision, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+            limit_val_batches=0).fit(module, GRPODataModule(batch_size=2, num_train=4, num_eval=0))
+    copy_ = module.versions.async_rollouts.engine.model
+    assert copy_ is not module.model and copy_.model.layers[0].mlp.up_proj.weight.dtype == linear_dtype
+    assert copy_.lm_head.weight.dtype == copy_.model.norm.weight.dtype == torch.float32
+    assert {p.dtype for p in module.model.parameters()} == {torch.float32}  # the trained master weights
