@@ -9,7 +9,8 @@ counted over all micro-batches and all-reduced over ranks *before* any backward 
 of the whole step (DESIGN.md property 6). Consequences: set the accumulation with ``data.micro_batch_size``, clip with
 ``model.grad_clip`` (``trainer.accumulate_grad_batches`` and ``trainer.gradient_clip_val`` must stay at their
 defaults; Lightning refuses them with manual optimisation). Tested precisions: ``32-true`` and ``bf16-mixed`` (CPU or
-GPU; ``trainer.precision: auto`` picks between them, :mod:`lit_llm.lightning.precision`).
+GPU; ``trainer.precision: auto`` picks between them, :mod:`lit_llm.lightning.precision`); ``16-mixed``'s loss scaling
+with a stand-in plugin on the CPU (:mod:`lit_llm.lightning.grad_scaling`).
 
 The policy's two versions live in a :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` callback (``versions``,
 added by ``configure_callbacks``): the loss heads take their log-probs, entropies and token accuracy from the
