@@ -36,14 +36,17 @@ from lit_llm.lightning.graceful_stop import GracefulStop
 from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes, trim_host_memory
 from lit_llm.lightning.policy_setup import (
     check_manual_optimization_options,
+    check_sharded_micro_batches,
     check_weights_precision,
     load_policy_model,
+    shard_policy,
 )
 from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig
 from lit_llm.objectives.reduction import deferred_checks
 from lit_llm.objectives.sft import NonFiniteLossError, check_finite
 from lit_llm.policy.frozen_weights import MIXED_COMPUTE_DTYPES, cast_frozen_matmul_weights
+from lit_llm.policy.sharding import full_tensor
 
 __all__ = ["PolicyModule", "check_manual_optimization_options", "check_weights_precision", "load_policy_model"]
 
@@ -130,6 +133,11 @@ class PolicyModule(CheckpointHooks, LightningModule):
         # the knobs this run configured, before a resume restores the checkpoint's (applied in on_train_start)
         self._configured_scheduler_states = [copy.deepcopy(scheduler.state_dict())]
         return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_model(self) -> None:
+        """Under ``--trainer.strategy ModelParallelStrategy``: the model (and a separate KL reference) sharded with
+        FSDP2 (:func:`~lit_llm.lightning.policy_setup.shard_policy`, docs/distributed.md); otherwise nothing."""
+        shard_policy(self)
 
     def on_fit_start(self) -> None:
         """Reject Trainer options that do not apply to manual optimisation (with the replacement to use), half
@@ -232,6 +240,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
         mbs = batch["micro_batches"]
         step = self.global_step
         normalizer = self._all_sum(self.step_denominator(mbs).float())
+        check_sharded_micro_batches(self, len(mbs))  # FSDP2: the same forward passes on every rank
         world = self.trainer.world_size
         totals: dict[str, Tensor] = {}
         losses: list[Tensor] = []  # detached, one per micro-batch: read on the host once, with the step's flags
@@ -253,6 +262,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or float("inf")) if params else \
             torch.zeros((), device=on)
+        grad_norm = full_tensor(grad_norm)  # FSDP2 (sharded gradients): the global norm, a plain tensor
         failed = checks.failed()
         local = torch.stack([nonfinite.any(), ~torch.isfinite(grad_norm.detach()).reshape(()),
                              failed if failed is not None else torch.zeros((), dtype=torch.bool, device=on)])
