@@ -3,8 +3,8 @@ real ``lit-llm`` CLI and the tiny model (fp32):
 
 * SFT with a KL reference (the reference sharded too), against the same run under DDP (an independent code path,
   the same data on the same ranks): the same losses, KL, gradient norms, validation loss and final weights, to fp32
-  reduction-order tolerance; its distributed checkpoint folder exported to one HF folder; resumed from its step-2
-  checkpoint folder: the same steps 3-4;
+  reduction-order tolerance; its distributed checkpoint folder exported to one HF folder; a run stopped after step
+  2 and resumed from its ``last.ckpt`` folder (``--ckpt_path last``): the same steps 3-4;
 * GRPO (sync rollouts) with LoRA and a KL reference (adapters disabled), rank 0 stopping every completion at its
   first token and rank 1 never stopping (tests/distributed/ddp_probe.py's ``skew_generation``): generation of
   different lengths on the two ranks does not deadlock.
@@ -32,7 +32,6 @@ GRPO = ("--trainer.max_steps", "2", "--trainer.precision", "32-true", "--data.nu
         "--model.init_args.lora_alpha", "8", "--model.init_args.reward_funcs", '["test_ddp_lora:frac_reward"]',
         "--model.init_args.reward_weights", "null", "--model.init_args.eval_reward_funcs",
         '["test_ddp_lora:frac_reward"]')
-STEP2 = "epoch=0-step=2.ckpt"
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +41,9 @@ def runs(tmp_path_factory) -> RunCache:
             return launch(root, "sft_tiny.yaml", *SFT)
         if name == "sharded":
             return launch(root, "sft_tiny.yaml", *SFT, strategy=SHARDED)
-        if name == "resumed":  # from the sharded run's step-2 checkpoint folder
-            step2 = cache.get("sharded").root / "checkpoints" / STEP2
-            return launch(root, "sft_tiny.yaml", *SFT, "--ckpt_path", str(step2), strategy=SHARDED)
+        if name == "resumed":  # stopped after step 2, resumed from its last.ckpt folder
+            launch(root, "sft_tiny.yaml", *SFT, "--trainer.max_steps", "2", strategy=SHARDED)
+            return launch(root, "sft_tiny.yaml", *SFT, "--ckpt_path", "last", strategy=SHARDED)
         return launch(root, "grpo_tiny.yaml", *GRPO, strategy=SHARDED, skew_generation=True)
 
     cache = RunCache(tmp_path_factory.mktemp("sharded"), make)
@@ -68,17 +67,23 @@ def test_sharded_sft_matches_ddp(runs):
     for r in range(2):  # the same samples on the same rank at every step
         assert [s["sample_ids"] for s in sharded.ranks[r]["steps"]] == [s["sample_ids"] for s in ddp.ranks[r]["steps"]]
     assert [s["global_step"] for s in sharded.ranks[0]["steps"]] == [1, 2, 3, 4]
-    for key in ("train/loss", "train/kl", "train/grad_norm", "val/loss", "train/step_tokens"):
+    # the gradient norm: summed over shards vs over whole tensors (fp32 order): measured within 3e-5 relative
+    for key, rel in (("train/loss", 1e-5), ("train/kl", 1e-5), ("train/grad_norm", 1e-4), ("val/loss", 1e-5),
+                     ("train/step_tokens", 0)):
         expected = ddp.metrics(key)
         assert len(expected) == (2 if key == "val/loss" else 4), key
-        assert sharded.metrics(key) == pytest.approx(expected, rel=1e-5, abs=1e-7), key
+        assert sharded.metrics(key) == pytest.approx(expected, rel=rel, abs=1e-7), key
     # the distributed checkpoint folder (one .distcp file per rank + meta.pt) holds the DDP run's final weights
     last = sharded.root / "checkpoints" / "last.ckpt"
     assert last.is_dir() and sorted(p.name for p in last.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     got, expected = _weights(last), _weights(ddp.root / "checkpoints" / "last.ckpt")
     assert sorted(got) == sorted(expected)
+    # fp32 reduction order, amplified by AdamW where a gradient is near 0: measured mean |diff| ~2e-8, max 5.3e-6 (one
+    # embedding element), for weights ~0.017 that moved ~0.01
     for k in expected:
-        torch.testing.assert_close(got[k], expected[k], rtol=1e-5, atol=1e-6, msg=k)
+        diff = (got[k] - expected[k]).abs()
+        assert float(diff.mean()) < 1e-7 and float(diff.max()) < 2e-5, (k, float(diff.mean()), float(diff.max()))
+    assert torch.equal(got["model.lm_head.weight"], got["model.model.embed_tokens.weight"])  # still tied
 
 
 @pytest.mark.timeout(300)
@@ -96,14 +101,14 @@ def test_sharded_checkpoint_folder_exports_to_one_hf_folder(runs, tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_sharded_resume_from_step_two_folder_repeats_steps_three_and_four(runs):
+def test_sharded_resume_from_last_folder_repeats_steps_three_and_four(runs):
     sharded, resumed = runs.get("sharded"), runs.get("resumed")
     assert_clean_exit(resumed)
     assert [s["global_step"] for s in resumed.ranks[0]["steps"]] == [3, 4]
     for r in range(2):
         assert [s["sample_ids"] for s in resumed.ranks[r]["steps"]] == \
             [s["sample_ids"] for s in sharded.ranks[r]["steps"][2:]]
-    assert resumed.metrics("train/loss") == pytest.approx(sharded.metrics("train/loss")[2:], rel=1e-6)
+    assert resumed.metrics("train/loss", version=1) == pytest.approx(sharded.metrics("train/loss")[2:], rel=1e-6)
     assert resumed.ranks[0]["final_hash"] == sharded.ranks[0]["final_hash"]
 
 

@@ -147,3 +147,32 @@ def test_configure_model_without_a_mesh_does_nothing_and_refusals():
                             "ModelParallelStrategy (its producer deep-copies the model, which a sharded model cannot "
                             "do). Fix: rollout_mode sync, or --trainer.strategy ddp.")
     assert not is_sharded(grpo.model)  # refused before anything was sharded
+
+
+def test_distributed_checkpoint_folder_consolidated_into_one_file(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from lit_llm.lightning.sharded_checkpoint import checkpoint_file, consolidate_checkpoint, is_distributed_checkpoint
+
+    folder = tmp_path / "last.ckpt"  # as ModelParallelStrategy writes it: the tensors by DCP, the rest in meta.pt
+    weights = {"model.w": torch.arange(6.0).reshape(2, 3), "trained_tokens": torch.tensor(5.0, dtype=torch.float64)}
+    optimizer = {"state": {"model.w": {"step": torch.tensor(3.0)}},
+                 "param_groups": [{"lr": 0.1, "params": ["model.w"]}]}
+    dcp.save({"state_dict": weights, "optimizer_0": optimizer}, checkpoint_id=folder, no_dist=True)
+    torch.save({"global_step": 7, "hyper_parameters": {"lr": 0.1}}, folder / "meta.pt")
+    assert is_distributed_checkpoint(folder) and not is_distributed_checkpoint(tmp_path)
+    ckpt = torch.load(consolidate_checkpoint(folder, tmp_path / "one.ckpt"), weights_only=False)
+    assert sorted(ckpt) == ["global_step", "hyper_parameters", "optimizer_states", "state_dict"]
+    assert ckpt["global_step"] == 7 and ckpt["hyper_parameters"] == {"lr": 0.1}
+    assert sorted(ckpt["state_dict"]) == ["model.w", "trained_tokens"]
+    assert all(torch.equal(ckpt["state_dict"][k], v) for k, v in weights.items())
+    assert ckpt["optimizer_states"][0]["param_groups"] == [{"lr": 0.1, "params": ["model.w"]}]
+    assert torch.equal(ckpt["optimizer_states"][0]["state"]["model.w"]["step"], torch.tensor(3.0))
+    with checkpoint_file(folder) as file:  # a temporary consolidated file, deleted after
+        assert file.is_file() and torch.load(file, weights_only=False)["global_step"] == 7
+    assert not file.exists()
+    with checkpoint_file(tmp_path / "one.ckpt") as same:  # a file is itself
+        assert same == tmp_path / "one.ckpt"
+    with pytest.raises(ValueError) as e:
+        consolidate_checkpoint(tmp_path, tmp_path / "two.ckpt")
+    assert str(e.value) == f"{tmp_path}: not a distributed checkpoint folder (no meta.pt and .metadata in it)."
