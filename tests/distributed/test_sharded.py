@@ -7,7 +7,8 @@ real ``lit-llm`` CLI and the tiny model (fp32):
   2 and resumed from its ``last.ckpt`` folder (``--ckpt_path last``): the same steps 3-4;
 * GRPO (sync rollouts) with LoRA and a KL reference (adapters disabled), rank 0 stopping every completion at its
   first token and rank 1 never stopping (tests/distributed/ddp_probe.py's ``skew_generation``): generation of
-  different lengths on the two ranks does not deadlock.
+  different lengths on the two ranks does not deadlock; its LoRA checkpoint folder resumed for a third step and
+  exported with the adapters merged.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def runs(tmp_path_factory) -> RunCache:
         if name == "resumed":  # stopped after step 2, resumed from its last.ckpt folder
             launch(root, "sft_tiny.yaml", *SFT, "--trainer.max_steps", "2", strategy=SHARDED)
             return launch(root, "sft_tiny.yaml", *SFT, "--ckpt_path", "last", strategy=SHARDED)
+        if name == "grpo_resumed":  # the GRPO run's LoRA checkpoint folder resumed for one more step, in its folder
+            return launch(cache.get("grpo").root, "grpo_tiny.yaml", *GRPO, "--trainer.max_steps", "3", "--ckpt_path",
+                          "last", strategy=SHARDED, skew_generation=True)
         return launch(root, "grpo_tiny.yaml", *GRPO, strategy=SHARDED, skew_generation=True)
 
     cache = RunCache(tmp_path_factory.mktemp("sharded"), make)
@@ -125,3 +129,22 @@ def test_sharded_grpo_lora_with_unequal_completion_lengths(runs):
     losses = run.metrics("train/loss")
     assert len(losses) == 2 and all(loss == loss for loss in losses)
     assert len(run.metrics("eval/frac_reward")) == 1  # the greedy evaluation at step 2 ran through the gathered model
+
+
+@pytest.mark.timeout(600)
+def test_sharded_lora_checkpoint_folder_resumes_and_exports_merged(runs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from lit_llm.lightning.export import export_checkpoint
+
+    runs.get("grpo")
+    run = runs.get("grpo_resumed")
+    assert_clean_exit(run)
+    assert [s["global_step"] for s in run.ranks[0]["steps"]] == [3]
+    assert len(run.metrics("train/loss", version=1)) == 1
+    last = run.root / "checkpoints" / "last.ckpt"
+    saved = _weights(last)  # a sharded LoRA checkpoint keeps the frozen base (the strategy's resume reads it all)
+    assert any(".lora_A." in k for k in saved) and "model.base_model.model.lm_head.weight" in saved
+    merged = AutoModelForCausalLM.from_pretrained(export_checkpoint(last, tmp_path / "hf")).state_dict()
+    assert not any("lora" in k for k in merged)
+    assert torch.equal(merged["lm_head.weight"], saved["model.base_model.model.lm_head.weight"])
