@@ -176,3 +176,15 @@ def test_distributed_checkpoint_folder_consolidated_into_one_file(tmp_path):
     with pytest.raises(ValueError) as e:
         consolidate_checkpoint(tmp_path, tmp_path / "two.ckpt")
     assert str(e.value) == f"{tmp_path}: not a distributed checkpoint folder (no meta.pt and .metadata in it)."
+
+
+def test_configure_model_refuses_vllm_under_sharding():
+    grpo = GRPOModule("tiny")
+    grpo.versions.vllm = SimpleNamespace()  # what use_vllm builds (vLLM itself is not installed here)
+    grpo._device_mesh = FakeMesh(tensor_parallel=1)
+    with pytest.raises(ValueError) as e:
+        grpo.configure_model()
+    assert str(e.value) == ("--model.init_args.use_vllm true is not supported with --trainer.strategy "
+                            "ModelParallelStrategy (the engine takes whole weights; sharded pushes are not written "
+                            "yet). Fix: use_vllm false, or --trainer.strategy ddp.")
+    assert not is_sharded(grpo.model)
