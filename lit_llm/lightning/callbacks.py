@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_llm.lightning.tables import append_csv, log_table
+from lit_llm.policy.sharding import is_sharded
 
 __all__ = ["StepCheckpoint", "ValidationSamples", "validation_follows"]
 
@@ -86,7 +87,7 @@ class ValidationSamples(Callback):
     reference)`` go to the console, to ``samples.csv`` in the first logger's directory (appended; the CSV logger's
     ``metrics.csv`` only holds numbers) and, with a ``WandbLogger``, to a ``val/samples`` table. ``step`` is the
     module's ``eval_step`` (in ``validate --ckpt_path``: the checkpoint's step, not Lightning's 0). Runs on rank 0
-    only, and not during the sanity check.
+    only (sharded training: every rank generates, rank 0 writes), and not during the sanity check.
 
     Args:
         num_samples: prompts to answer (0 disables the callback).
@@ -100,13 +101,17 @@ class ValidationSamples(Callback):
         self.num_samples, self.max_new_tokens = num_samples, max_new_tokens
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.num_samples == 0 or trainer.sanity_checking or not trainer.is_global_zero:
+        # sharded (FSDP2): generation gathers the weights, a collective: every rank generates, rank 0 writes
+        sharded = is_sharded(getattr(pl_module, "model", None))
+        if self.num_samples == 0 or trainer.sanity_checking or not (trainer.is_global_zero or sharded):
             return
         samples = getattr(trainer.datamodule, "val_samples", None) if trainer.datamodule is not None else None
         if not samples or not hasattr(pl_module, "generate"):
             return
         chosen = samples[: self.num_samples]
         outputs = pl_module.generate([s.prompt_ids for s in chosen], max_new_tokens=self.max_new_tokens)
+        if not trainer.is_global_zero:
+            return
         tok = pl_module.tokenizer
         step = getattr(pl_module, "eval_step", trainer.global_step)  # validate: the checkpoint's step, not 0
         rows = [[step, s.sample_id, tok.decode(s.prompt_ids), tok.decode(o, skip_special_tokens=True),

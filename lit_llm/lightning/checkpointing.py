@@ -23,6 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lit_llm.cli_errors import CLIConfigError
 from lit_llm.lightning.rng_state import gather_rng_states, restore_rng_states
 from lit_llm.models import base_model_identity
+from lit_llm.policy.sharding import is_sharded
 
 __all__ = ["CheckpointFileError", "CheckpointHooks", "check_checkpoint_file", "check_not_a_plain_folder"]
 
@@ -36,7 +37,8 @@ class CheckpointHooks:
         continue as in the uninterrupted run).
 
         With ``use_peft``: drop the frozen base weights from ``checkpoint["state_dict"]`` (the adapters, which are the
-        only trained weights, and the module's counters stay; the optimizer state covers the adapters only) and
+        only trained weights, and the module's counters stay; the optimizer state covers the adapters only; a sharded
+        run keeps them: ``ModelParallelStrategy``'s resume reads every weight from the folder) and
         record ``"lit_llm_peft"``: the base model's identity (:func:`~lit_llm.models.base_model_identity`: the
         ``model`` option and its config hash), the LoRA options and the names of the trained weights. A resume,
         ``validate``, ``lit-llm export`` and :func:`~lit_llm.lightning.export.load_checkpoint_module` reload
@@ -48,7 +50,8 @@ class CheckpointHooks:
             return
         trainable = self._trainable_keys()
         state = checkpoint["state_dict"]
-        for key in [k for k in state if k.startswith("model.") and k not in trainable]:
+        # sharded (ModelParallelStrategy): kept, its resume reads the whole module's state from the folder
+        for key in [k for k in state if k.startswith("model.") and k not in trainable and not is_sharded(self.model)]:
             del state[key]
         c = self.model_config
         checkpoint["lit_llm_peft"] = {
@@ -76,6 +79,8 @@ class CheckpointHooks:
         if record is None and not self.model_config.use_peft:
             return
         self._check_peft_checkpoint(record)
+        if "state_dict" not in checkpoint:  # a distributed checkpoint (sharded): the strategy loaded the adapters
+            return
         state, trainable = checkpoint["state_dict"], self._trainable_keys()
         for key, value in self.state_dict().items():
             if key.startswith("model.") and key not in trainable and key not in state:

@@ -241,8 +241,11 @@ def _move_into_place(tmp: Path, target: Path) -> None:
 
 def _check_checkpoint_file(ckpt: Path, who: str, option: str) -> None:
     from lit_llm.lightning.checkpointing import CheckpointFileError, check_checkpoint_file, check_not_a_plain_folder
+    from lit_llm.lightning.sharded_checkpoint import is_distributed_checkpoint
 
     if ckpt.is_dir():  # one line naming the folder (and the .ckpt in it), not "not found"
+        if is_distributed_checkpoint(ckpt):  # sharded training's folder: consolidated where it is loaded
+            return
         check_not_a_plain_folder(ckpt, option)
         raise CheckpointFileError(f"{option} {ckpt}: a sharded checkpoint folder; {who} reads one .ckpt file: "
                                   f"consolidate it first (python -m lightning.pytorch.utilities.consolidate_checkpoint "
@@ -294,14 +297,16 @@ def load_checkpoint_module(ckpt_path: str | os.PathLike, *, who: str = "lit-llm"
     ckpt = Path(ckpt_path).expanduser()
     _check_checkpoint_file(ckpt, who, option)
     from lit_llm.lightning.grpo import environment_unresolved
+    from lit_llm.lightning.sharded_checkpoint import checkpoint_file
 
-    cls = _module_class(ckpt)
-    # a run trained with use_vllm loads without vLLM: inference here samples with the trained model itself
-    params = inspect.signature(cls.__init__).parameters  # (and its vllm_* options at their defaults: unused)
-    overrides = {k: False if k == "use_vllm" else p.default for k, p in params.items() if k.startswith(("use_vllm",
-                                                                                                        "vllm_"))}
-    with contextlib.nullcontext() if resolve_environment else environment_unresolved():
-        module = cls.load_from_checkpoint(str(ckpt), map_location=map_location, weights_only=False, **overrides)
+    with checkpoint_file(ckpt) as file:  # a distributed checkpoint folder (sharded training): consolidated first
+        cls = _module_class(file)
+        # a run trained with use_vllm loads without vLLM: inference here samples with the trained model itself
+        params = inspect.signature(cls.__init__).parameters  # (and its vllm_* options at their defaults: unused)
+        overrides = {k: False if k == "use_vllm" else p.default for k, p in params.items()
+                     if k.startswith(("use_vllm", "vllm_"))}
+        with contextlib.nullcontext() if resolve_environment else environment_unresolved():
+            module = cls.load_from_checkpoint(str(file), map_location=map_location, weights_only=False, **overrides)
     module.eval()
     return module
 

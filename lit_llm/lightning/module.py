@@ -38,8 +38,10 @@ from lit_llm.lightning.grad_scaling import plugin_unscale_skipped, unscale_gradi
 from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes, trim_host_memory
 from lit_llm.lightning.policy_setup import (
     check_manual_optimization_options,
+    check_sharded_micro_batches,
     check_weights_precision,
     load_policy_model,
+    shard_policy,
 )
 from lit_llm.lightning.versions import PolicyVersionSwitch
 from lit_llm.models import DEFAULT_MODEL, DType, ModelConfig
@@ -51,6 +53,7 @@ from lit_llm.policy.frozen_weights import (
     cast_frozen_matmul_weights,
     restore_dtype,
 )
+from lit_llm.policy.sharding import full_tensor, is_sharded
 
 __all__ = ["PolicyModule", "check_manual_optimization_options", "check_weights_precision", "load_policy_model"]
 
@@ -153,6 +156,11 @@ class PolicyModule(CheckpointHooks, LightningModule):
         self._configured_scheduler_states = [copy.deepcopy(scheduler.state_dict())]
         return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def configure_model(self) -> None:
+        """Under ``--trainer.strategy ModelParallelStrategy``: the model (and a separate KL reference) sharded with
+        FSDP2 (:func:`~lit_llm.lightning.policy_setup.shard_policy`, docs/distributed.md); otherwise nothing."""
+        shard_policy(self)
+
     def on_fit_start(self) -> None:
         """Reject Trainer options that do not apply to manual optimisation (with the replacement to use), half
         precision weights (``model.dtype``) under a ``*-mixed`` ``trainer.precision`` and two different chat template
@@ -171,7 +179,8 @@ class PolicyModule(CheckpointHooks, LightningModule):
         reference = self.versions.reference_version
         if compute is not None and reference is not None and reference.model is not self.model:  # not LoRA's base
             cast_frozen_matmul_weights(reference.model, compute)
-        if compute is not None and self.model_config.use_peft:  # LoRA's frozen base, for the fit (on_fit_end)
+        if compute is not None and self.model_config.use_peft and not is_sharded(self.model):  # LoRA's frozen base
+            # for the fit (on_fit_end); not under FSDP2, whose sharded parameters keep the dtype they were sharded in
             self._cast_base = cast_frozen_base_weights(self.model, compute)
 
     def on_fit_end(self) -> None:
@@ -265,6 +274,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
         opt = self.optimizers()
         mbs = batch["micro_batches"]
         step = self.global_step
+        check_sharded_micro_batches(self, len(mbs))  # FSDP2: the same forward passes on every rank
         world = self.trainer.world_size
         totals: dict[str, Tensor] = {}
         losses: list[Tensor] = []  # detached, one per micro-batch: read on the host once, with the step's flags
@@ -288,6 +298,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or float("inf")) if params else \
             torch.zeros((), device=on)
+        grad_norm = full_tensor(grad_norm)  # FSDP2 (sharded gradients): the global norm, a plain tensor
         failed = checks.failed()
         overflow = ~torch.isfinite(grad_norm.detach()).reshape(())  # under a scaler: its overflow, its skip
         local = torch.stack([nonfinite.any(), overflow if scaler is None else torch.zeros_like(overflow),

@@ -1,6 +1,8 @@
 """What a policy module checks and loads before training: the model and tokenizer of the model options
 (:func:`load_policy_model`), the weights' dtype against ``trainer.precision`` (:func:`check_weights_precision`) and
-the Trainer options that manual optimisation does not use (:func:`check_manual_optimization_options`)."""
+the Trainer options that manual optimisation does not use (:func:`check_manual_optimization_options`); under
+``ModelParallelStrategy`` the FSDP2 sharding of the model (:func:`shard_policy`, ``configure_model``) and its per-step
+check (:func:`check_sharded_micro_batches`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import torch
 
 from lit_llm.models import ModelConfig
 
-__all__ = ["check_lora_targets", "check_manual_optimization_options", "check_weights_precision",
+__all__ = ["check_lora_targets", "check_manual_optimization_options", "check_sharded_micro_batches",
+           "check_weights_precision", "shard_policy",
            "linear_module_names", "load_policy_model"]
 
 
@@ -148,3 +151,57 @@ def check_manual_optimization_options(trainer: Any) -> None:
         raise ValueError(f"--trainer.gradient_clip_val {trainer.gradient_clip_val} is not used with manual "
                          f"optimisation: remove it and set --model.init_args.grad_clip {trainer.gradient_clip_val} "
                          f"instead.")
+
+
+def shard_policy(module: Any) -> None:
+    """``PolicyModule.configure_model``: under Lightning's ``ModelParallelStrategy`` (the module's ``device_mesh``
+    is set) shard the trained model and, when it is a separate copy, the frozen KL reference with FSDP2 over the
+    ``data_parallel`` mesh (:func:`~lit_llm.policy.sharding.shard_model`; with LoRA the reference is the trained model
+    with its adapters disabled: nothing more to shard). Without a device mesh (single device, DDP) nothing happens.
+
+    Raises:
+        ValueError: ``tensor_parallel_size > 1`` (only data-parallel FSDP2 is supported), ``rollout_mode: async``
+            (its producer deep-copies the model) or ``use_vllm`` (its weight push reads whole tensors): one line
+            each, naming the option and the fix.
+    """
+    from lit_llm.policy.sharding import shard_model
+
+    mesh = getattr(module, "device_mesh", None)
+    if mesh is None:
+        return
+    names = mesh.mesh_dim_names or ()
+    if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
+        raise ValueError(f"--trainer.strategy.tensor_parallel_size {mesh['tensor_parallel'].size()}: lit-llm shards "
+                         f"with data-parallel FSDP2 only. Fix: --trainer.strategy.tensor_parallel_size 1 "
+                         f"--trainer.strategy.data_parallel_size <devices>.")
+    versions = module.versions
+    if versions.rollout_mode == "async":
+        raise ValueError("--model.init_args.rollout_mode async is not supported with --trainer.strategy "
+                         "ModelParallelStrategy (its producer deep-copies the model, which a sharded model cannot "
+                         "do). Fix: rollout_mode sync, or --trainer.strategy ddp.")
+    if versions.vllm is not None:
+        raise ValueError("--model.init_args.use_vllm true is not supported with --trainer.strategy "
+                         "ModelParallelStrategy (the engine takes whole weights; sharded pushes are not written yet). "
+                         "Fix: use_vllm false, or --trainer.strategy ddp.")
+    dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
+    shard_model(module.model, dp_mesh)
+    reference = versions.reference_version
+    if reference is not None and reference.model is not module.model:
+        shard_model(reference.model, dp_mesh)
+
+
+def check_sharded_micro_batches(module: Any, count: int) -> None:
+    """Under sharding (:func:`shard_policy` ran), refuse a step whose number of micro-batches differs between ranks
+    (FSDP2 all-gathers at every forward: a rank with fewer would leave the others waiting;
+    :func:`~lit_llm.policy.sharding.check_same_count`: one all-reduce and one host read per step). No-op otherwise.
+
+    Raises:
+        ValueError: the counts differ (names ``data.batch_size`` / ``data.micro_batch_size`` and the fix).
+    """
+    from lit_llm.policy.sharding import check_same_count, is_sharded
+
+    if is_sharded(module.model):
+        check_same_count(count, module._all_sum, module.trainer.world_size, what="micro-batches", device=module.device,
+                         fix="give every rank the same number of micro-batches per step: a dataset size that is a "
+                             "multiple of devices x data.batch_size (no uneven last step), or data.micro_batch_size "
+                             "equal to data.batch_size.")

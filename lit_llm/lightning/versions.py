@@ -38,6 +38,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from lit_llm.policy.frozen_weights import MIXED_COMPUTE_DTYPES
+from lit_llm.policy.sharding import gathered, reshard_root
 from lit_llm.rewards import TrainerState
 from lit_llm.rollouts import AsyncRollouts, RolloutBatch, RolloutEngine, policy_responses
 from lit_llm.rollouts.dynamic_sampling import SamplingCap, informative_groups, select_groups
@@ -165,7 +166,8 @@ class PolicyVersionSwitch(Callback):
         """Switch the trained model to generation (eval mode, no grad, the trainer's precision) and back to its
         previous mode on exit. With ``vllm``: the engine is taken for the block (from an asynchronous producer: after
         its rollout in flight), woken and given the trained weights if they changed since the last push; it sleeps
-        again on exit (sleep mode).
+        again on exit (sleep mode). A sharded (FSDP2) model is gathered whole for the block
+        (:func:`~lit_llm.policy.sharding.gathered`: ranks generate different numbers of tokens, with no collective).
 
         Yields:
             The generate version.
@@ -182,6 +184,7 @@ class PolicyVersionSwitch(Callback):
                     stack.callback(self.vllm.sleep)
                     self.push_weights(only_if_changed=True)
                 stack.enter_context(torch.no_grad())
+                stack.enter_context(gathered(model))  # sharded (FSDP2): gathered once, no collective per step
                 stack.enter_context(self.precision_context())
                 yield self.generate_version
         finally:
@@ -403,6 +406,13 @@ class PolicyVersionSwitch(Callback):
             self.num_syncs += 1
         else:
             producer.set_trainer_version(step)
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        """Sharded (FSDP2): free the gathered root units of the trained model and the reference
+        (:func:`~lit_llm.policy.sharding.reshard_root`): the step updates the shards, a gathered copy would go stale."""
+        reshard_root(self.model)
+        if self.reference_version is not None:
+            reshard_root(self.reference_version.model)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.async_rollouts is not None:

@@ -85,7 +85,6 @@ class LogProbVersionMixin:
 
     # ---------------------------------------------------------------------------------------------- distributions
     def _dist_hidden_states(self, layout: DistLayout) -> tuple[Tensor, Tensor, Tensor | None]:
-        weight, bias = lm_head(self.model)
         c = layout.completion
         if c is not None:
             hidden = completion_hidden_states(self.model, c["prompt_ids"], c["prompt_mask"], c["completion_ids"],
@@ -93,6 +92,7 @@ class LogProbVersionMixin:
         else:
             hidden = token_hidden_states(self.model, layout.tokens, layout.attention_mask,
                                          position_ids=layout.position_ids)
+        weight, bias = lm_head(self.model)  # after the backbone: a sharded model's head is gathered by then
         return hidden, weight, bias
 
     def _aligned_logits(self, td: TensorDictBase) -> TensorDictBase:

@@ -40,8 +40,10 @@ class DDPRun:
             return [float(r[key]) for r in csv.DictReader(f) if r.get(key)]
 
 
-def launch(root: Path, config: str, *args: str, timeout: float = 240, skew_generation: bool = False) -> DDPRun:
-    """Run ``lit-llm fit --config configs/<config> ... --trainer.devices 2 --trainer.strategy ddp`` in ``root``.
+def launch(root: Path, config: str, *args: str, timeout: float = 240, skew_generation: bool = False,
+           strategy: tuple[str, ...] = ("--trainer.strategy", "ddp")) -> DDPRun:
+    """Run ``lit-llm fit --config configs/<config> ... --trainer.devices 2 --trainer.strategy ddp`` in ``root``
+    (``strategy``: the strategy options instead, e.g. sharded training's).
 
     Raises:
         AssertionError: the launcher did not exit 0 (with the tail of its output), or a rank wrote no record.
@@ -55,7 +57,7 @@ def launch(root: Path, config: str, *args: str, timeout: float = 240, skew_gener
     env.pop("LOCAL_RANK", None)  # never look like an already-launched rank
     env.pop("MASTER_PORT", None)  # let Lightning pick a free port
     cmd = [*lit_llm_command(), "fit", "--config", str(ROOT / "configs" / config),
-           "--trainer.accelerator", "cpu", "--trainer.devices", str(WORLD), "--trainer.strategy", "ddp",
+           "--trainer.accelerator", "cpu", "--trainer.devices", str(WORLD), *strategy,
            "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
            "--trainer.callbacks+=ddp_probe.DDPProbe", "--trainer.callbacks.out_dir", str(probe),
            "--trainer.callbacks.skew_generation", str(skew_generation).lower(), *args]

@@ -33,9 +33,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 
 def weights_hash(module: torch.nn.Module) -> str:
-    """sha256 over the names and bytes of every tensor of ``module.state_dict()`` (sorted by name)."""
+    """sha256 over the names and bytes of every tensor of ``module.state_dict()`` (sorted by name); a sharded
+    (FSDP2 ``DTensor``) tensor is gathered whole first (a collective: every rank calls this)."""
     h = hashlib.sha256()
     for name, t in sorted(module.state_dict().items()):
+        t = t.full_tensor() if callable(getattr(t, "full_tensor", None)) else t
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
