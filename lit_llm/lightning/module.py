@@ -4,8 +4,9 @@
 Optimisation is **manual** (``automatic_optimization = False``): one training batch is one optimizer step made of
 micro-batches (see :mod:`lit_llm.lightning.datamodules`). The step's denominator (trained tokens, or sequences) is
 counted over all micro-batches and all-reduced over ranks *before* any backward pass, then each micro-batch's loss
-``sum / normalizer`` is back-propagated (DDP gradient sync only on the last micro-batch, the loss scaled by
-``world_size`` because DDP averages gradients). The sum of the micro-batch losses is therefore exactly the token mean
+``sum / normalizer`` is back-propagated (DDP gradient sync only on the last micro-batch; FSDP2 under
+``ModelParallelStrategy`` reduce-scatters after every micro-batch; the loss scaled by ``world_size`` because both
+average gradients over ranks). The sum of the micro-batch losses is therefore exactly the token mean
 of the whole step (DESIGN.md property 6). Consequences: set the accumulation with ``data.micro_batch_size``, clip with
 ``model.grad_clip`` (``trainer.accumulate_grad_batches`` and ``trainer.gradient_clip_val`` must stay at their
 defaults; Lightning refuses them with manual optimisation). Tested precisions: ``32-true`` and ``bf16-mixed`` (CPU or
