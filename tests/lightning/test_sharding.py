@@ -129,23 +129,27 @@ class FakeMesh:
         return SimpleNamespace(size=lambda: self.sizes[name])
 
 
+def refusal(module, *, tensor_parallel: int) -> str:
+    """The one-line error of ``module.configure_model()`` under a (fake) data-parallel mesh."""
+    module._device_mesh = FakeMesh(tensor_parallel=tensor_parallel)
+    with pytest.raises(ValueError) as e:
+        module.configure_model()
+    return str(e.value)
+
+
 def test_configure_model_without_a_mesh_does_nothing_and_refusals():
     module = SFTModule("tiny")
     module.configure_model()
     assert not is_sharded(module.model) and not any(isinstance(p, DTensor) for p in module.model.parameters())
-    module._device_mesh = FakeMesh(tensor_parallel=2)
-    with pytest.raises(ValueError) as e:
-        module.configure_model()
-    assert str(e.value) == ("--trainer.strategy.tensor_parallel_size 2: lit-llm shards with data-parallel FSDP2 only. "
-                            "Fix: --trainer.strategy.tensor_parallel_size 1 --trainer.strategy.data_parallel_size "
-                            "<devices>.")
+    assert refusal(module, tensor_parallel=2) == (
+        "--trainer.strategy.tensor_parallel_size 2: lit-llm shards with data-parallel FSDP2 only. "
+        "Fix: --trainer.strategy.tensor_parallel_size 1 --trainer.strategy.data_parallel_size "
+        "<devices>.")
     grpo = GRPOModule("tiny", rollout_mode="async")
-    grpo._device_mesh = FakeMesh(tensor_parallel=1)
-    with pytest.raises(ValueError) as e:
-        grpo.configure_model()
-    assert str(e.value) == ("--model.init_args.rollout_mode async is not supported with --trainer.strategy "
-                            "ModelParallelStrategy (its producer deep-copies the model, which a sharded model cannot "
-                            "do). Fix: rollout_mode sync, or --trainer.strategy ddp.")
+    assert refusal(grpo, tensor_parallel=1) == (
+        "--model.init_args.rollout_mode async is not supported with --trainer.strategy "
+        "ModelParallelStrategy (its producer deep-copies the model, which a sharded model cannot "
+        "do). Fix: rollout_mode sync, or --trainer.strategy ddp.")
     assert not is_sharded(grpo.model)  # refused before anything was sharded
 
 
@@ -181,10 +185,8 @@ def test_distributed_checkpoint_folder_consolidated_into_one_file(tmp_path):
 def test_configure_model_refuses_vllm_under_sharding():
     grpo = GRPOModule("tiny")
     grpo.versions.vllm = SimpleNamespace()  # what use_vllm builds (vLLM itself is not installed here)
-    grpo._device_mesh = FakeMesh(tensor_parallel=1)
-    with pytest.raises(ValueError) as e:
-        grpo.configure_model()
-    assert str(e.value) == ("--model.init_args.use_vllm true is not supported with --trainer.strategy "
-                            "ModelParallelStrategy (the engine takes whole weights; sharded pushes are not written "
-                            "yet). Fix: use_vllm false, or --trainer.strategy ddp.")
+    assert refusal(grpo, tensor_parallel=1) == (
+        "--model.init_args.use_vllm true is not supported with --trainer.strategy "
+        "ModelParallelStrategy (the engine takes whole weights; sharded pushes are not written "
+        "yet). Fix: use_vllm false, or --trainer.strategy ddp.")
     assert not is_sharded(grpo.model)
