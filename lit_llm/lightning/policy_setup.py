@@ -158,11 +158,12 @@ def shard_policy(module: Any) -> None:
     is set) shard the trained model and, when it is a separate copy, the frozen KL reference with FSDP2 over the
     ``data_parallel`` mesh (:func:`~lit_llm.policy.sharding.shard_model`; with LoRA the reference is the trained model
     with its adapters disabled: nothing more to shard). Without a device mesh (single device, DDP) nothing happens.
+    ``rollout_mode: async`` needs nothing here: its producer is built later (at the train dataloader) over a plain
+    copy of the full weights (:func:`~lit_llm.rollouts.model_copy.unsharded_copy`, no deep copy of the shards).
 
     Raises:
-        ValueError: ``tensor_parallel_size > 1`` (only data-parallel FSDP2 is supported), ``rollout_mode: async``
-            (its producer deep-copies the model) or ``use_vllm`` (its weight push reads whole tensors): one line
-            each, naming the option and the fix.
+        ValueError: ``tensor_parallel_size > 1`` (only data-parallel FSDP2 is supported) or ``use_vllm`` (its weight
+            push reads whole tensors): one line each, naming the option and the fix.
     """
     from lit_llm.policy.sharding import shard_model
 
@@ -175,10 +176,6 @@ def shard_policy(module: Any) -> None:
                          f"with data-parallel FSDP2 only. Fix: --trainer.strategy.tensor_parallel_size 1 "
                          f"--trainer.strategy.data_parallel_size <devices>.")
     versions = module.versions
-    if versions.rollout_mode == "async":
-        raise ValueError("--model.init_args.rollout_mode async is not supported with --trainer.strategy "
-                         "ModelParallelStrategy (its producer deep-copies the model, which a sharded model cannot "
-                         "do). Fix: rollout_mode sync, or --trainer.strategy ddp.")
     if versions.vllm is not None:
         raise ValueError("--model.init_args.use_vllm true is not supported with --trainer.strategy "
                          "ModelParallelStrategy (the engine takes whole weights; sharded pushes are not written yet). "

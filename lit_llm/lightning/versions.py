@@ -10,10 +10,11 @@ drop it. It is the only place where:
   to training mode;
 * rollouts are produced (GRPO): in synchronous mode at ``on_train_batch_start`` by the rollout engine over the
   generate version (rollout workers served by the threaded batcher), in asynchronous mode by a background producer
-  over a copy of the weights that this callback owns, syncs every ``sync_every`` optimizer steps (with LoRA: the
-  adapter weights only) and bounds in staleness (``max_staleness``: older rollouts are dropped, jointly on every
-  rank); either way the rollout is handed to the module's loss, which scores it with
-  :attr:`PolicyVersionSwitch.log_prob_version`'s masked distribution;
+  over a copy of the weights that this callback owns (under sharded training a plain model holding the gathered full
+  weights, :func:`~lit_llm.rollouts.model_copy.unsharded_copy`), syncs every ``sync_every`` optimizer steps (with
+  LoRA: the adapter weights only; sharded: gathered on every rank at the same step) and bounds in staleness
+  (``max_staleness``: older rollouts are dropped, jointly on every rank); either way the rollout is handed to the
+  module's loss, which scores it with :attr:`PolicyVersionSwitch.log_prob_version`'s masked distribution;
 * the KL reference is scored (``beta`` / ``kl_coef > 0``): a frozen copy, or with LoRA the trained model with its
   adapters disabled (:attr:`PolicyVersionSwitch.reference_version`);
 * greedy answers are generated (evaluation, :class:`~lit_llm.lightning.callbacks.ValidationSamples`): through
@@ -314,6 +315,9 @@ class PolicyVersionSwitch(Callback):
     def wrap_train_loader(self, loader: Any, *, version: int, distributed: bool) -> Any:
         """The prompt loader itself (sync), or an asynchronous producer over it and a copy of the weights.
 
+        The copy is built here, on the trainer's thread (after a checkpoint restore): under sharded training
+        (FSDP2) it gathers the full weights (:meth:`~lit_llm.rollouts.producer.AsyncRollouts.from_policy`), a
+        collective that every rank runs here together (Lightning builds the train dataloader on every rank).
         Under DDP the producer drops nothing itself (each rank's thread timing differs, so ranks would drop different
         batches and fall out of step); :meth:`on_train_batch_start` drops stale batches on all ranks together.
         """
@@ -394,6 +398,11 @@ class PolicyVersionSwitch(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        """Async: every ``sync_every`` optimizer steps stage the trained weights for the producer
+        (:meth:`~lit_llm.rollouts.producer.AsyncRollouts.sync_weights`; with ``vllm``: push them into the engine).
+        Runs on every rank after every training batch with the same ``global_step`` (a stale batch is dropped on all
+        ranks together, :meth:`take_rollout`), so the sync of sharded weights, a collective, happens at the same
+        steps on every rank, on the trainer's thread."""
         producer = self.async_rollouts
         if producer is None:
             return

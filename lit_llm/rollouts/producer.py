@@ -12,6 +12,11 @@ lands).
 With a shared inference engine (vLLM, ``copy_weights=False``) there is no copy: the producer's engine samples from
 the engine the trainer pushes into, and :meth:`AsyncRollouts.between_rollouts` runs the push on the trainer's thread
 once the rollout in flight is done (never during one, so every rollout comes from one version of the weights).
+
+Under sharded training (FSDP2) the copy is not a deep copy: :func:`~lit_llm.rollouts.model_copy.unsharded_copy`
+builds a plain model of the same architecture holding the full weights (one full copy per rank, as under DDP), and
+:meth:`AsyncRollouts.sync_weights` gathers the shards (``full_tensor()``). Both are collectives, run on the trainer's
+thread by every rank at the same step; the producer thread only generates from its plain copy, with no collective.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ import torch
 from torch import Tensor
 
 from lit_llm.policy.frozen_weights import cast_frozen_matmul_weights
+from lit_llm.policy.sharding import is_sharded
 from lit_llm.policy.thread_context import current_device_index
 from lit_llm.rollouts.batch import RolloutBatch
 from lit_llm.rollouts.engine import RolloutEngine, RolloutError
+from lit_llm.rollouts.model_copy import full_weights, unsharded_copy
 
 __all__ = ["AsyncRollouts"]
 
@@ -46,7 +53,7 @@ class AsyncRollouts:
     in :attr:`num_dropped`. The trainer side reports its version with :meth:`set_trainer_version` (and
     :meth:`sync_weights`). An exception in the producer is re-raised by the next ``next()`` with its traceback.
 
-    Note: the engine must own its model (``copy.deepcopy`` of the trained one, see :meth:`from_policy`). With a
+    Note: the engine must own its model (a copy of the trained one, see :meth:`from_policy`). With a
     ``seed`` its rows sample from per-row generators (never the process RNG), seeded by the producer's batch count.
 
     Args:
@@ -86,7 +93,12 @@ class AsyncRollouts:
                     rollout_context: Callable[[], AbstractContextManager] | None = None,
                     engine_cls: type[RolloutEngine] = RolloutEngine, compute_dtype: torch.dtype | None = None,
                     **engine_kwargs: Any) -> AsyncRollouts:
-        """Build an engine over a deep copy of ``policy.model`` (same wrapper settings) and wrap it.
+        """Build an engine over a copy of ``policy.model`` (same wrapper settings) and wrap it.
+
+        The copy is ``copy.deepcopy(policy.model)``, or, when the model is sharded with FSDP2
+        (:func:`~lit_llm.policy.sharding.is_sharded`), a plain model of the same architecture holding its full weights
+        (:func:`~lit_llm.rollouts.model_copy.unsharded_copy`: no deep copy of the shards; a collective, so every rank
+        calls this together, on the trainer's thread). Either way eval mode, no grad, on this rank's device.
 
         Args:
             policy: the generate version (see :class:`RolloutEngine`); its model is copied, not shared.
@@ -102,7 +114,10 @@ class AsyncRollouts:
                 ``episode=`` :class:`~lit_llm.rollouts.settings.EpisodeSettings`, in ``engine_kwargs``).
             **engine_kwargs: ``engine_cls`` keyword arguments.
         """
-        model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+        if is_sharded(policy.model):
+            model = unsharded_copy(policy.model)
+        else:
+            model = copy.deepcopy(policy.model).eval().requires_grad_(False)
         if compute_dtype is not None:
             cast_frozen_matmul_weights(model, compute_dtype)
         settings = {**policy._settings(), **policy._batching_settings()}
@@ -118,7 +133,7 @@ class AsyncRollouts:
                     trainer_state_fn: Callable[[], Any] | None = None, copy_weights: bool = True,
                     compute_dtype: torch.dtype | None = None) -> AsyncRollouts:
         """A producer over a twin of ``engine``: the same class, settings (taken whole, :meth:`RolloutEngine.
-        twin_kwargs`), reward functions and rank, over a deep copy of its policy's weights (:meth:`from_policy`), or
+        twin_kwargs`), reward functions and rank, over a copy of its policy's weights (:meth:`from_policy`), or
         with ``copy_weights=False`` over the same policy (a shared inference engine such as vLLM, whose weights the
         trainer pushes through :meth:`between_rollouts`).
 
@@ -151,17 +166,19 @@ class AsyncRollouts:
                      trainable_only: bool = False) -> None:
         """Stage a copy of the trained weights; the producer loads them before its next batch.
 
+        Sharded (FSDP2) weights are gathered whole here (:func:`~lit_llm.rollouts.model_copy.full_weights`: one
+        all-gather per tensor): a collective, so every rank must call this at the same step, on the trainer's
+        thread (:class:`~lit_llm.lightning.versions.PolicyVersionSwitch` calls it from ``on_train_batch_end`` on every
+        rank when ``global_step % sync_every == 0``); the producer thread only reads the staged plain tensors.
+
         Args:
-            source: the trained model (or its state dict); tensors are cloned now, so training may go on.
+            source: the trained model (or its state dict); tensors are cloned (``DTensor``: gathered) now, so
+                training may go on.
             version: the trained policy's version (optimizer steps), also recorded as the trainer version.
             trainable_only: stage only the parameters that require grad (``source`` must be a module), e.g. the LoRA
                 adapters: the copy's frozen base never changes, so only the adapters are copied.
         """
-        if trainable_only:
-            state = {k: p for k, p in source.named_parameters() if p.requires_grad}  # type: ignore[union-attr]
-        else:
-            state = source.state_dict() if isinstance(source, torch.nn.Module) else source
-        staged = {k: v.detach().clone() for k, v in state.items()}
+        staged = full_weights(source, trainable_only=trainable_only)  # type: ignore[arg-type]
         with self._lock:
             self._staged = (staged, int(version), not trainable_only)
         self.set_trainer_version(version)

@@ -15,7 +15,8 @@ Each rank writes ``DIR/rank<r>.json`` at the end of fit:
 
 ``skew_generation=True`` (GRPO) makes rank 0 stop every completion at its first token (every id is a stop id) and
 rank 1 never stop (no stop id: every completion runs to ``max_new_tokens``), to check that ranks generating very
-different lengths neither hang nor desynchronise.
+different lengths neither hang nor desynchronise. In ``rollout_mode: async`` the producer's engine (built with the
+train dataloader) is skewed alike, and the recorded rollout is the one the module takes (``take_rollout``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ def weights_hash(module: torch.nn.Module) -> str:
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+def _skew(engine: Any, eos: tuple[int, ...]) -> None:
+    """Make ``engine``'s generate version (and the batcher's versions of it) stop at exactly the ids ``eos``."""
+    engine.policy.generation_config = dataclasses.replace(engine.policy.generation_config, eos_token_ids=eos)
+    batched_policy = engine.batched_policy
+
+    def skewed(rows: int, **kw: Any) -> Any:  # the batcher's version of the generate version stops alike
+        version = batched_policy(rows, **kw)
+        version.generation_config = dataclasses.replace(version.generation_config, eos_token_ids=eos)
+        return version
+
+    engine.batched_policy = skewed
 
 
 class DDPProbe(Callback):
@@ -81,19 +95,28 @@ class DDPProbe(Callback):
                 return td
 
             switch.rollout = capturing_rollout
+            if switch.rollout_mode == "async":  # produced by the background thread: capture what the module takes
+                take_rollout = switch.take_rollout
+
+                def capturing_take(*args: Any, **kwargs: Any) -> Any:
+                    taken = take_rollout(*args, **kwargs)
+                    self._last_rollout = taken[0]
+                    return taken
+
+                switch.take_rollout = capturing_take
             if self.skew_generation:
-                cfg = engine.policy.generation_config
                 vocab = int(pl_module.model.get_output_embeddings().weight.shape[0])
                 eos = tuple(range(vocab)) if rank == 0 else ()
-                engine.policy.generation_config = dataclasses.replace(cfg, eos_token_ids=eos)
-                batched_policy = engine.batched_policy
+                _skew(engine, eos)
+                wrap = switch.wrap_train_loader
 
-                def skewed(rows: int, **kw: Any) -> Any:  # the batcher's version of the generate version stops alike
-                    version = batched_policy(rows, **kw)
-                    version.generation_config = dataclasses.replace(version.generation_config, eos_token_ids=eos)
-                    return version
+                def skewed_producer(*args: Any, **kwargs: Any) -> Any:  # async: the producer's twin engine too
+                    loader = wrap(*args, **kwargs)
+                    if switch.async_rollouts is not None:
+                        _skew(switch.async_rollouts.engine, eos)
+                    return loader
 
-                engine.batched_policy = skewed
+                switch.wrap_train_loader = skewed_producer
         if rank == 0:
             launcher = getattr(trainer.strategy, "launcher", None)
             atexit.register(self._write_children, list(getattr(launcher, "procs", []) or []))
