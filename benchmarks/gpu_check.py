@@ -84,7 +84,7 @@ TEST_PATHS = ("tests/policy/test_logprobs.py", "tests/policy/test_generation.py"
               "tests/policy/test_batching.py", "tests/objectives", "tests/lightning/test_rng_state.py")
 TEST_GLOBS = ("tests/**/test_*device*.py", "tests/**/test_*sync*.py", "tests/**/test_*cast*.py",
               "tests/**/test_frozen_*.py", "tests/**/test_grad_scaling.py", "tests/**/test_head_matmul_dtype.py",
-              "tests/**/test_sharding.py")
+              "tests/**/test_*shard*.py")
 
 #: Dense bf16 tensor-core peak (TFLOP/s) by GPU name (NVIDIA data sheets, without sparsity); first match wins.
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
