@@ -4,11 +4,10 @@ commands (examples: ``lit-llm --help``, :func:`lit_llm.cli_front.top_parser`).
 Added to LightningCLI's own arguments:
 
 * ``--checkpoint.*``: a :class:`~lit_llm.lightning.callbacks.StepCheckpoint` (a ``ModelCheckpoint`` whose
-  ``last.ckpt`` holds the final step) that is always on (``save_last``),
-  writing to ``<trainer.default_root_dir>/checkpoints`` so that ``--ckpt_path last`` finds it from any later run.
-  Checkpoints are full (resumable) unless ``checkpoint.save_weights_only: true``; ``fit --ckpt_path`` on a
-  weights-only one is an error naming that option
-  (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file` with ``resumable``).
+  ``last.ckpt`` holds the final step) that is always on (``save_last``), writing to
+  ``<trainer.default_root_dir>/checkpoints`` so that ``--ckpt_path last`` finds it from any later run. Checkpoints are
+  full (resumable) unless ``checkpoint.save_weights_only: true``; ``fit --ckpt_path`` on a weights-only one is an
+  error naming that option (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file` with ``resumable``).
 * ``--ckpt_path FILE`` / ``--ckpt_path last`` (:meth:`LitLLMCLI._parse_ckpt_path`): the file is checked before
   Lightning reads it (one line for an empty, truncated or non-checkpoint file, a folder that is not a sharded
   checkpoint or is one without the sharded strategy, or another module's checkpoint); the module options given
@@ -35,9 +34,8 @@ Subcommands other than LightningCLI's are dispatched by :func:`main` before Ligh
 
 Errors (:mod:`lit_llm.cli_errors`): a bad option is one ``lit-llm: error:`` message naming the option, the allowed
 values and a near match (exit status 2); an error a class raises while the run is built (a module's ``ValueError``)
-is its own text first, then the option that set it, without a traceback. Options are never abbreviated
-(``--trainer.max_step`` is an error suggesting ``--trainer.max_steps``). ``LIT_LLM_DEBUG=1`` keeps jsonargparse's
-full message and the traceback.
+is its own text first, then the option that set it, without a traceback. Options are never abbreviated.
+``LIT_LLM_DEBUG=1`` keeps jsonargparse's full message and the traceback.
 """
 
 from __future__ import annotations
@@ -422,9 +420,8 @@ class LitLLMCLI(LightningCLI):
         check_manual_optimization_options(self.trainer)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The Trainer, with the default loggers (above) and, when ``trainer.enable_progress_bar`` is true and no
-        progress bar is configured, a :class:`~lit_llm.lightning.progress.StepProgressBar`; sharded sizes checked
-        against the devices (:func:`~lit_llm.lightning.sharded_options.check_model_parallel_sizes`)."""
+        """The Trainer, with the default loggers (above), a :class:`~.progress.StepProgressBar` unless disabled or
+        configured, and the sharded sizes checked (:func:`~.sharded_options.check_model_parallel_sizes`)."""
         trainer_cfg = self._get(self.config_init, "trainer", default={})
         callbacks = trainer_cfg.get("callbacks")
         callbacks = list(callbacks) if isinstance(callbacks, list) else ([] if callbacks is None else [callbacks])

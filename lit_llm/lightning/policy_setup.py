@@ -188,7 +188,7 @@ def shard_policy(module: Any) -> None:
         raise ValueError("--model.init_args.use_vllm true is not supported with --trainer.strategy "
                          "ModelParallelStrategy (as under DDP: the colocated engine runs in one process and "
                          "initialises its own torch.distributed group, beside the strategy's). Fix: use_vllm false "
-                         "(rollouts on the sharded model), or one device without --trainer.strategy.")
+                         "(rollouts on the sharded model), or train on one device without this strategy.")
     dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
     shard_model(module.model, dp_mesh)
     reference = versions.reference_version

@@ -188,6 +188,6 @@ def test_configure_model_refuses_vllm_under_sharding():
     assert refusal(grpo, tensor_parallel=1) == (
         "--model.init_args.use_vllm true is not supported with --trainer.strategy ModelParallelStrategy (as "
         "under DDP: the colocated engine runs in one process and initialises its own torch.distributed group, "
-        "beside the strategy's). Fix: use_vllm false (rollouts on the sharded model), or one device without "
-        "--trainer.strategy.")
+        "beside the strategy's). Fix: use_vllm false (rollouts on the sharded model), or train on one device "
+        "without this strategy.")
     assert not is_sharded(grpo.model)
