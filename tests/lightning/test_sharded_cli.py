@@ -149,3 +149,31 @@ def test_uneven_micro_batches_refused_before_the_first_step(monkeypatch):
     assert plan_error(14, 4, 2, 2, monkeypatch) is None  # a last step of 6 dealt 3 + 3: 2 and 2
     assert plan_error(13, 4, 4, 2, monkeypatch) is None  # micro-batch = batch: one micro-batch each
     policy_setup.check_sharded_step_plan(SimpleNamespace(model=None), [])  # no epoch_plan (GRPO): per-step check
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_uneven_micro_batches_stop_two_sharded_ranks_before_the_first_step(tmp_path):
+    """Through the console script with 2 gloo ranks (~20 s): both ranks stop at the start of training with the one
+    line (exit status 2, no hang, no step run)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    for name in ("LIT_LLM_DEBUG", "LOCAL_RANK", "MASTER_PORT"):
+        env.pop(name, None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit_llm.cli_entry", "fit", "--config", SFT, "--trainer.devices", "2",
+         "--trainer.strategy", "ModelParallelStrategy", DP, "2", TP, "1", "--data.num_samples", "13",
+         "--data.batch_size", "4", "--data.micro_batch_size", "2", "--trainer.max_steps", "4",
+         "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("lit-llm: error: ")]
+    assert errors and set(errors) == {
+        "lit-llm: error: Sharded training: one step of every epoch would give the ranks different numbers of "
+        "micro-batches (rank 0: 2, rank 1: 1: 13 training samples leave a step of 5 for 2 ranks x data.batch_size 4, "
+        f"data.micro_batch_size 2); FSDP2 needs the same forward passes on every rank. Fix: "
+        f"{policy_setup.MICRO_BATCH_FIX}"}, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "checkpoints").exists()
