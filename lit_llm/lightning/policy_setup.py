@@ -198,7 +198,7 @@ def shard_policy(module: Any) -> None:
 
 #: The fix named by :func:`check_sharded_micro_batches` and :func:`check_sharded_step_plan`.
 MICRO_BATCH_FIX = ("give every rank the same number of micro-batches per step: a dataset size that is a multiple of "
-                   "devices x data.batch_size (no uneven last step), or data.micro_batch_size equal to "
+                   "devices x data.batch_size (no short step), or data.micro_batch_size equal to "
                    "data.batch_size.")
 
 
@@ -219,8 +219,8 @@ def check_sharded_micro_batches(module: Any, count: int) -> None:
 
 def check_sharded_step_plan(module: Any, loader: Any) -> None:
     """At the start of training under sharding (:func:`shard_policy` ran), refuse a step loader whose epoch would give
-    the ranks different numbers of micro-batches in some step (the uneven last step of
-    :class:`~lit_llm.lightning.datamodules.StepBatchLoader`, whose place the shuffled step order moves): its
+    the ranks different numbers of micro-batches in some step (the short step of
+    :class:`~lit_llm.lightning.datamodules.StepBatchLoader`, which the shuffled step order puts anywhere): its
     ``epoch_plan`` for every rank, no collective. Loaders without an ``epoch_plan`` (GRPO's prompts: equal counts by
     construction) are left to the per-step :func:`check_sharded_micro_batches`.
 
