@@ -1,26 +1,19 @@
-"""The ``lit-llm`` command: LightningCLI subcommands (``fit``, ``validate``, ``test``, ``predict``) plus ``export``.
-
-Examples::
-
-    lit-llm fit --config configs/sft_gsm8k.yaml --data.path my_chats.jsonl --trainer.max_steps 200
-    lit-llm fit --config configs/sft_tiny.yaml --print_config
-    lit-llm fit --config configs/sft_tiny.yaml --ckpt_path last          # exact resume
-    lit-llm export --ckpt_path runs/sft_tiny/checkpoints/last.ckpt --out exported/
-    lit-llm plot runs/sft_tiny/csv
+"""The ``lit-llm`` command: LightningCLI subcommands (``fit``, ``validate``) plus ``export`` and the other extra
+commands (examples: ``lit-llm --help``, :func:`lit_llm.cli_front.top_parser`).
 
 Added to LightningCLI's own arguments:
 
 * ``--checkpoint.*``: a :class:`~lit_llm.lightning.callbacks.StepCheckpoint` (a ``ModelCheckpoint`` whose
-  ``last.ckpt`` holds the final step) that is always on (``save_last``),
-  writing to ``<trainer.default_root_dir>/checkpoints`` so that ``--ckpt_path last`` finds it from any later run.
-  Checkpoints are full (resumable) unless ``checkpoint.save_weights_only: true``; ``fit --ckpt_path`` on a
-  weights-only one is an error naming that option
-  (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file` with ``resumable``).
+  ``last.ckpt`` holds the final step) that is always on (``save_last``), writing to
+  ``<trainer.default_root_dir>/checkpoints`` so that ``--ckpt_path last`` finds it from any later run. Checkpoints are
+  full (resumable) unless ``checkpoint.save_weights_only: true``; ``fit --ckpt_path`` on a weights-only one is an
+  error naming that option (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file` with ``resumable``).
 * ``--ckpt_path FILE`` / ``--ckpt_path last`` (:meth:`LitLLMCLI._parse_ckpt_path`): the file is checked before
   Lightning reads it (one line for an empty, truncated or non-checkpoint file, a folder that is not a sharded
-  checkpoint, or another module's checkpoint); the module options given (config or command line) win over the
-  checkpoint's, applied or refused by :data:`lit_llm.lightning.resume_options.RESUME_OPTIONS` (never silently
-  replaced, as LightningCLI's own ``ckpt_path`` handling does); options not given take the checkpoint's values.
+  checkpoint or is one without the sharded strategy, or another module's checkpoint); the module options given
+  (config or command line) win over the checkpoint's, applied or refused by
+  :data:`lit_llm.lightning.resume_options.RESUME_OPTIONS` (never silently replaced, as LightningCLI's own
+  ``ckpt_path`` handling does); options not given take the checkpoint's values.
 * ``--samples.*``: :class:`~lit_llm.lightning.callbacks.ValidationSamples` (generated answers after validation).
 * ``--trainer.precision auto`` (the default; :mod:`lit_llm.lightning.precision`): resolved before the Trainer is
   built to ``bf16-mixed`` where bf16 matmuls are native (CUDA with bf16, CPUs with AVX512-BF16 or AMX) and to
@@ -32,17 +25,17 @@ Added to LightningCLI's own arguments:
   ``false`` = none at all), and beside it ``--csv true`` (the default) always adds a ``CSVLogger`` (``lit-llm plot``
   reads it) and ``--wandb true`` (the default) a ``WandbLogger`` (offline unless ``WANDB_API_KEY`` is set; options
   ``--wandb_project``, ``--wandb_name``, ``--wandb_tags``), all under ``trainer.default_root_dir``.
+* ``--trainer.strategy`` (:mod:`lit_llm.lightning.sharded_options`, before any process is launched): the bare
+  ``ModelParallelStrategy`` taken as the class; FSDP1 (``fsdp``) refused; sharded sizes checked against the devices.
 
 Subcommands other than LightningCLI's are dispatched by :func:`main` before LightningCLI parses
-(:data:`lit_llm.cli_front.EXTRA_COMMANDS`): ``export`` (HF folder) and ``plot`` (training-curve PNG,
-:mod:`lit_llm.plot`); the console script (:func:`lit_llm.cli_entry.console_main`) answers ``lit-llm
---help`` and their ``--help`` without importing torch, then runs :func:`run_console`.
+(:data:`lit_llm.cli_front.EXTRA_COMMANDS`); the console script (:func:`lit_llm.cli_entry.console_main`) answers
+``lit-llm --help`` and their ``--help`` without importing torch, then runs :func:`run_console`.
 
 Errors (:mod:`lit_llm.cli_errors`): a bad option is one ``lit-llm: error:`` message naming the option, the allowed
 values and a near match (exit status 2); an error a class raises while the run is built (a module's ``ValueError``)
-is its own text first, then the option that set it, without a traceback. Options are never abbreviated
-(``--trainer.max_step`` is an error suggesting ``--trainer.max_steps``). ``LIT_LLM_DEBUG=1`` keeps jsonargparse's
-full message and the traceback.
+is its own text first, then the option that set it, without a traceback. Options are never abbreviated.
+``LIT_LLM_DEBUG=1`` keeps jsonargparse's full message and the traceback.
 """
 
 from __future__ import annotations
@@ -76,6 +69,8 @@ from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
 from lit_llm.lightning.resume_options import check_resume_options, check_run_options
 from lit_llm.lightning.run_folders import remove_unused_log_dirs
+from lit_llm.lightning.sharded_checkpoint import check_strategy_reads_it
+from lit_llm.lightning.sharded_options import check_model_parallel_sizes, is_model_parallel, resolve_strategy_config
 
 __all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "USER_ERRORS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
            "checkpoint_dir", "default_loggers", "last_checkpoint", "main", "route_optimizer_options",
@@ -238,8 +233,7 @@ class _HeldLogs(logging.Filter):
 
 
 class LitLLMArgumentParser(OneLineErrors, LightningArgumentParser):
-    """LightningCLI's parser with one-message errors (:class:`lit_llm.cli_errors.OneLineErrors`) and no option
-    abbreviations."""
+    """LightningCLI's parser with one-message errors (:class:`lit_llm.cli_errors.OneLineErrors`), no abbreviations."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
@@ -267,9 +261,11 @@ class LitLLMCLI(LightningCLI):
             self._held_logs.release(emit=False)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """LightningCLI's, keeping the command line for :meth:`_given_options`."""
+        """LightningCLI's, keeping the command line for :meth:`_given_options`; a bare ``--trainer.strategy
+        ModelParallelStrategy`` made the class, FSDP1 refused (:func:`~.sharded_options.resolve_strategy_config`)."""
         self._argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
         super().parse_arguments(parser, args)
+        self.config = resolve_strategy_config(self.config, parser)
 
     def _given_options(self, subcommand: str) -> Any:
         """The options the user set (in ``--config`` files or on the command line, not the defaults), parsed again
@@ -291,17 +287,18 @@ class LitLLMCLI(LightningCLI):
         ``--ckpt_path FILE`` and ``--ckpt_path last`` (the newest ``last.ckpt`` / ``last-vN.ckpt`` under
         ``checkpoint.dirpath``, :func:`last_checkpoint`, written back into the config: the file that runs is the one
         checked; when there is none, ``fit`` warns in one line that it starts a new run from step 0, as Lightning
-        does, and ``validate`` is an error): the file is checked first
-        (:func:`~lit_llm.lightning.checkpointing.check_checkpoint_file`: one line for an empty, truncated,
-        non-checkpoint or weights-only file (``fit``) or another module's checkpoint, before Lightning reads it);
-        then the module options the user gave that differ from the checkpoint's are applied or refused
-        (:func:`~lit_llm.lightning.resume_options.check_resume_options`, one line per applied option), and the
-        options not given take the checkpoint's values; ``fit`` compares the data options and ``seed_everything``
-        too (:func:`~lit_llm.lightning.resume_options.check_run_options`).
+        does, and ``validate`` is an error): the file is checked before Lightning reads it (one line for an empty,
+        truncated, non-checkpoint or weights-only file (``fit``) or another module's checkpoint:
+        :func:`~lit_llm.lightning.checkpointing.check_checkpoint_file`; a sharded checkpoint folder without the
+        sharded strategy: :func:`~lit_llm.lightning.sharded_checkpoint.check_strategy_reads_it`); then the module
+        options given that differ from the checkpoint's are applied or refused
+        (:func:`~lit_llm.lightning.resume_options.check_resume_options`, one line per applied option), the others
+        take the checkpoint's values; ``fit`` compares the data options and ``seed_everything`` too
+        (:func:`~lit_llm.lightning.resume_options.check_run_options`).
 
         Raises:
-            CheckpointFileError, ResumeOptionError, FileNotFoundError: one-line messages naming the path / option
-                (``FileNotFoundError``: ``validate --ckpt_path last`` and no ``last.ckpt``).
+            CheckpointFileError, ResumeOptionError, FileNotFoundError, ValueError: one-line messages naming the path
+                / option (``FileNotFoundError``: ``validate --ckpt_path last`` and no ``last.ckpt``).
         """
         subcommand = self.config.get("subcommand")
         if not subcommand:
@@ -325,6 +322,8 @@ class LitLLMCLI(LightningCLI):
             return  # Lightning's own lookups
         if not ckpt_path:
             return
+        check_strategy_reads_it(ckpt_path, sharded=is_model_parallel((config.get("trainer") or {}).get("strategy")),
+                                subcommand=subcommand)  # a sharded checkpoint folder without the sharded strategy
         model = config.get("model")
         class_path = getattr(model, "class_path", None) if model is not None else None
         saved = check_checkpoint_file(ckpt_path, class_path, resumable=subcommand == "fit")
@@ -416,14 +415,13 @@ class LitLLMCLI(LightningCLI):
         rank_zero_only(print)(line, flush=True)
 
     def before_fit(self) -> None:
-        """Refuse Trainer options that manual optimisation does not use
-        (:func:`~lit_llm.lightning.module.check_manual_optimization_options`, before Lightning's own, less helpful
-        check). The ``--ckpt_path`` file was checked when the command line was parsed (:meth:`_parse_ckpt_path`)."""
+        """Refuse Trainer options that manual optimisation does not use, before Lightning's own, less helpful check
+        (:func:`~lit_llm.lightning.module.check_manual_optimization_options`)."""
         check_manual_optimization_options(self.trainer)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The Trainer, with the default loggers (above) and, when ``trainer.enable_progress_bar`` is true and no
-        progress bar is configured, a :class:`~lit_llm.lightning.progress.StepProgressBar`."""
+        """The Trainer, with the default loggers (above), a :class:`~.progress.StepProgressBar` unless disabled or
+        configured, and the sharded sizes checked (:func:`~.sharded_options.check_model_parallel_sizes`)."""
         trainer_cfg = self._get(self.config_init, "trainer", default={})
         callbacks = trainer_cfg.get("callbacks")
         callbacks = list(callbacks) if isinstance(callbacks, list) else ([] if callbacks is None else [callbacks])
@@ -438,7 +436,9 @@ class LitLLMCLI(LightningCLI):
                 wandb=bool(self._get(self.config, "wandb", True)),
                 wandb_project=self._get(self.config, "wandb_project", "lit-llm"),
                 wandb_name=self._get(self.config, "wandb_name"), wandb_tags=self._get(self.config, "wandb_tags"))
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)  # no process launched yet
+        check_model_parallel_sizes(trainer, (self._get(self.config, "trainer") or {}).get("strategy"))
+        return trainer
 
 
 def main(args: Sequence[str] | None = None) -> LitLLMCLI | None:

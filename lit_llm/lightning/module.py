@@ -40,6 +40,7 @@ from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes, t
 from lit_llm.lightning.policy_setup import (
     check_manual_optimization_options,
     check_sharded_micro_batches,
+    check_sharded_step_plan,
     check_weights_precision,
     load_policy_model,
     shard_policy,
@@ -183,6 +184,12 @@ class PolicyModule(CheckpointHooks, LightningModule):
         if compute is not None and self.model_config.use_peft and not is_sharded(self.model):  # LoRA's frozen base
             # for the fit (on_fit_end); not under FSDP2, whose sharded parameters keep the dtype they were sharded in
             self._cast_base = cast_frozen_base_weights(self.model, compute)
+
+    def on_train_start(self) -> None:
+        """Under sharding, the step plan's micro-batch counts checked on every rank before the first step
+        (:func:`~lit_llm.lightning.policy_setup.check_sharded_step_plan`); then the resume hooks' own."""
+        check_sharded_step_plan(self, self.trainer.train_dataloader)
+        super().on_train_start()
 
     def on_fit_end(self) -> None:
         """A LoRA base cast for the fit (:meth:`on_fit_start`) back to fp32 (its values stay the bf16-rounded ones)."""

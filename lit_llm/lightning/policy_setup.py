@@ -1,19 +1,21 @@
 """What a policy module checks and loads before training: the model and tokenizer of the model options
 (:func:`load_policy_model`), the weights' dtype against ``trainer.precision`` (:func:`check_weights_precision`) and
 the Trainer options that manual optimisation does not use (:func:`check_manual_optimization_options`); under
-``ModelParallelStrategy`` the FSDP2 sharding of the model (:func:`shard_policy`, ``configure_model``) and its per-step
-check (:func:`check_sharded_micro_batches`)."""
+``ModelParallelStrategy`` the FSDP2 sharding of the model (:func:`shard_policy`, ``configure_model``) and the equal
+micro-batch counts it needs, at the start (:func:`check_sharded_step_plan`) and per step
+(:func:`check_sharded_micro_batches`)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 
 from lit_llm.models import ModelConfig
 
-__all__ = ["check_lora_targets", "check_manual_optimization_options", "check_sharded_micro_batches",
-           "check_weights_precision", "shard_policy",
+__all__ = ["MICRO_BATCH_FIX", "check_lora_targets", "check_manual_optimization_options",
+           "check_sharded_micro_batches", "check_sharded_step_plan", "check_weights_precision", "shard_policy",
            "linear_module_names", "load_policy_model"]
 
 
@@ -162,8 +164,10 @@ def shard_policy(module: Any) -> None:
     copy of the full weights (:func:`~lit_llm.rollouts.model_copy.unsharded_copy`, no deep copy of the shards).
 
     Raises:
-        ValueError: ``tensor_parallel_size > 1`` (only data-parallel FSDP2 is supported) or ``use_vllm`` (its weight
-            push reads whole tensors): one line each, naming the option and the fix.
+        ValueError: ``tensor_parallel_size > 1``, given or ``auto`` (only data-parallel FSDP2 is supported;
+            ``lit-llm`` refuses it before launching, :mod:`~lit_llm.lightning.sharded_options`) or ``use_vllm`` (as
+            under DDP: the colocated engine runs in one process and initialises its own ``torch.distributed`` group,
+            beside the strategy's): one line each, naming the option and the fix.
     """
     from lit_llm.policy.sharding import shard_model
 
@@ -171,20 +175,28 @@ def shard_policy(module: Any) -> None:
     if mesh is None:
         return
     names = mesh.mesh_dim_names or ()
-    if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
-        raise ValueError(f"--trainer.strategy.tensor_parallel_size {mesh['tensor_parallel'].size()}: lit-llm shards "
-                         f"with data-parallel FSDP2 only. Fix: --trainer.strategy.tensor_parallel_size 1 "
-                         f"--trainer.strategy.data_parallel_size <devices>.")
+    if "tensor_parallel" in names and (tp := mesh["tensor_parallel"].size()) > 1:
+        raise ValueError(f"--trainer.strategy.tensor_parallel_size: the device mesh is tensor parallel over {tp} "
+                         f"devices (`auto`, the default, means the devices per node); lit-llm shards with "
+                         f"data-parallel FSDP2 only. Fix: --trainer.strategy.data_parallel_size "
+                         f"{tp * mesh['data_parallel'].size()} --trainer.strategy.tensor_parallel_size 1.")
     versions = module.versions
     if versions.vllm is not None:
         raise ValueError("--model.init_args.use_vllm true is not supported with --trainer.strategy "
-                         "ModelParallelStrategy (the engine takes whole weights; sharded pushes are not written yet). "
-                         "Fix: use_vllm false, or --trainer.strategy ddp.")
+                         "ModelParallelStrategy (as under DDP: the colocated engine runs in one process and "
+                         "initialises its own torch.distributed group, beside the strategy's). Fix: use_vllm false "
+                         "(rollouts on the sharded model), or train on one device without this strategy.")
     dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
     shard_model(module.model, dp_mesh)
     reference = versions.reference_version
     if reference is not None and reference.model is not module.model:
         shard_model(reference.model, dp_mesh)
+
+
+#: The fix named by :func:`check_sharded_micro_batches` and :func:`check_sharded_step_plan`.
+MICRO_BATCH_FIX = ("give every rank the same number of micro-batches per step: a dataset size that is a multiple of "
+                   "devices x data.batch_size (no short step), or data.micro_batch_size equal to "
+                   "data.batch_size.")
 
 
 def check_sharded_micro_batches(module: Any, count: int) -> None:
@@ -199,6 +211,36 @@ def check_sharded_micro_batches(module: Any, count: int) -> None:
 
     if is_sharded(module.model):
         check_same_count(count, module._all_sum, module.trainer.world_size, what="micro-batches", device=module.device,
-                         fix="give every rank the same number of micro-batches per step: a dataset size that is a "
-                             "multiple of devices x data.batch_size (no uneven last step), or data.micro_batch_size "
-                             "equal to data.batch_size.")
+                         fix=MICRO_BATCH_FIX)
+
+
+def check_sharded_step_plan(module: Any, loader: Any) -> None:
+    """At the start of training under sharding (:func:`shard_policy` ran), refuse a step loader whose epoch would give
+    the ranks different numbers of micro-batches in some step (the short step of
+    :class:`~lit_llm.lightning.datamodules.StepBatchLoader`, which the shuffled step order puts anywhere): its
+    ``epoch_plan`` for every rank, no collective. Loaders without an ``epoch_plan`` (GRPO's prompts: equal counts by
+    construction) are left to the per-step :func:`check_sharded_micro_batches`.
+
+    Raises:
+        ValueError: one line with the counts per rank, the step's size, and the fix of
+            :func:`check_sharded_micro_batches`.
+    """
+    from lit_llm.policy.sharding import is_sharded
+
+    if not is_sharded(module.model) or not callable(getattr(loader, "epoch_plan", None)):
+        return
+    m, world = loader.micro_batch_size, loader.world_size
+    plans = []
+    for rank in range(world):
+        mine = copy.copy(loader)  # this rank's copy, the loader itself unchanged
+        mine.rank = rank
+        plans.append(mine.epoch_plan(loader.epoch))
+    for steps in zip(*plans):
+        counts = [-(-len(s) // m) for s in steps]
+        if len(set(counts)) > 1:
+            shown = ", ".join(f"rank {k}: {c}" for k, c in enumerate(counts))
+            raise ValueError(
+                f"Sharded training: one step of every epoch would give the ranks different numbers of micro-batches "
+                f"({shown}: {len(loader.samples)} training samples leave a step of {sum(map(len, steps))} for "
+                f"{world} ranks x data.batch_size {loader.batch_size}, data.micro_batch_size {m}); FSDP2 needs the "
+                f"same forward passes on every rank. Fix: {MICRO_BATCH_FIX}")

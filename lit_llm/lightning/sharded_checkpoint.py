@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["checkpoint_file", "consolidate_checkpoint", "is_distributed_checkpoint"]
+__all__ = ["check_strategy_reads_it", "checkpoint_file", "consolidate_checkpoint", "is_distributed_checkpoint"]
 
 
 def is_distributed_checkpoint(path: str | os.PathLike) -> bool:
@@ -24,6 +24,34 @@ def is_distributed_checkpoint(path: str | os.PathLike) -> bool:
     ``.metadata`` in it)."""
     p = Path(path)
     return p.is_dir() and (p / "meta.pt").is_file() and (p / ".metadata").is_file()
+
+
+def check_strategy_reads_it(path: str | os.PathLike, *, sharded: bool, subcommand: str) -> None:
+    """Refuse a distributed checkpoint folder given as ``--ckpt_path`` to ``lit-llm fit`` / ``validate`` without
+    ``--trainer.strategy ModelParallelStrategy``: only that strategy reads it (another one opens the folder as a file
+    and fails with ``IsADirectoryError``). ``export``, ``chat``, ``evaluate`` and ``predict`` read it through
+    :func:`checkpoint_file`. No-op for a file, or when ``sharded``.
+
+    Args:
+        path: the ``--ckpt_path`` value (``last`` already resolved).
+        sharded: the run's ``trainer.strategy`` is ``ModelParallelStrategy``.
+        subcommand: ``fit`` or ``validate``, named in the message.
+
+    Raises:
+        ValueError: one line naming the folder, the strategy options to give (its world size: one ``.distcp`` file
+            per process) and ``lit-llm export`` (weights only: a new run, not a resume).
+    """
+    if sharded or not is_distributed_checkpoint(path):
+        return
+    n = len(list(Path(path).glob("*.distcp")))
+    then = "--model.init_args.model DIR (its weights in a new run, not a resume)" if subcommand == "fit" else (
+        "--model.init_args.model DIR")
+    raise ValueError(f"--ckpt_path {path}: a sharded checkpoint (a distributed checkpoint folder written by "
+                     f"{n} process{'es' if n != 1 else ''} under --trainer.strategy ModelParallelStrategy), which "
+                     f"{subcommand} reads only under that strategy. Fix: {subcommand} with the options it was written "
+                     f"with (--trainer.strategy ModelParallelStrategy --trainer.strategy.data_parallel_size {n} "
+                     f"--trainer.strategy.tensor_parallel_size 1 --trainer.devices {n}), or `lit-llm export "
+                     f"--ckpt_path {path} --out DIR` first and {subcommand} {then}.")
 
 
 def consolidate_checkpoint(folder: str | os.PathLike, out: str | os.PathLike) -> Path:

@@ -142,9 +142,9 @@ def test_configure_model_without_a_mesh_does_nothing_and_refusals():
     module.configure_model()
     assert not is_sharded(module.model) and not any(isinstance(p, DTensor) for p in module.model.parameters())
     assert refusal(module, tensor_parallel=2) == (
-        "--trainer.strategy.tensor_parallel_size 2: lit-llm shards with data-parallel FSDP2 only. "
-        "Fix: --trainer.strategy.tensor_parallel_size 1 --trainer.strategy.data_parallel_size "
-        "<devices>.")
+        "--trainer.strategy.tensor_parallel_size: the device mesh is tensor parallel over 2 devices (`auto`, the "
+        "default, means the devices per node); lit-llm shards with data-parallel FSDP2 only. Fix: "
+        "--trainer.strategy.data_parallel_size 4 --trainer.strategy.tensor_parallel_size 1.")
 
 
 def test_distributed_checkpoint_folder_consolidated_into_one_file(tmp_path):
@@ -180,7 +180,8 @@ def test_configure_model_refuses_vllm_under_sharding():
     grpo = GRPOModule("tiny")
     grpo.versions.vllm = SimpleNamespace()  # what use_vllm builds (vLLM itself is not installed here)
     assert refusal(grpo, tensor_parallel=1) == (
-        "--model.init_args.use_vllm true is not supported with --trainer.strategy "
-        "ModelParallelStrategy (the engine takes whole weights; sharded pushes are not written "
-        "yet). Fix: use_vllm false, or --trainer.strategy ddp.")
+        "--model.init_args.use_vllm true is not supported with --trainer.strategy ModelParallelStrategy (as "
+        "under DDP: the colocated engine runs in one process and initialises its own torch.distributed group, "
+        "beside the strategy's). Fix: use_vllm false (rollouts on the sharded model), or train on one device "
+        "without this strategy.")
     assert not is_sharded(grpo.model)
