@@ -161,10 +161,11 @@ def load_policy_model(config: ModelConfig | str, *, empty: bool = False) -> tupl
     Args:
         config: the :class:`~lit_llm.models.ModelConfig`, or a model name (all other options at their defaults).
         empty: build the model on the meta device (every parameter and buffer, the LoRA adapters too): the same
-            modules, names, shapes and dtypes, no weight memory and no weight file read; its values (all of them,
-            the non-persistent rotary buffers included) must be filled later
-            (:func:`~lit_llm.policy.sharding.fill_from_rank0`; :func:`sharded_init`). The tokenizer is loaded as
-            usual.
+            modules, names, shapes, dtypes and generation config, no weight memory and no weight file read; its values
+            (all of them, the non-persistent rotary buffers included) must be filled later
+            (:func:`~lit_llm.policy.sharding.fill_from_rank0`; :func:`sharded_init`). It draws the same numbers from
+            the global random generator as a full load (none, but the LoRA adapters' init), so a rank's later random
+            stream (dropout) is the one it had before. The tokenizer is loaded as usual.
 
     Raises:
         FileNotFoundError: unknown name / path, a Hub id not cached while ``HF_HUB_OFFLINE`` is set (see
@@ -193,8 +194,9 @@ def load_policy_model(config: ModelConfig | str, *, empty: bool = False) -> tupl
         from lit_llm.policy.logprobs import lm_head
 
         check_lora_targets(model, config.lora_target_modules)
-        with torch.device("meta") if empty else nullcontext():  # the adapters too (filled from rank 0 as well)
-            model = get_peft_model(model, get_peft_config(config))
+        # empty: peft initialises the (small) adapters on the CPU, drawing the same random numbers as a full load, then
+        # moves them to their base layer's device, the meta device (their values come from rank 0 too)
+        model = get_peft_model(model, get_peft_config(config))
         lm_head(model)  # a regex target that caught the output head is refused here (the kernel reads its weight)
     return model, tokenizer
 
