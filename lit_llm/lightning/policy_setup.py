@@ -121,8 +121,9 @@ def sharded_init_for_trainer(trainer_config: Any) -> AbstractContextManager:
 def _empty_model(config: ModelConfig) -> tuple[Any, Any]:
     """``(model, tokenizer)`` like :func:`~lit_llm.models.load_model` / :func:`~lit_llm.models.tiny_model`, the model
     built on the meta device: transformers' ``from_config`` (what its ``from_pretrained`` builds before reading the
-    weights) with the folder's ``config.json`` and ``generation_config.json``; no weight file is read."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    weights) with the folder's ``config.json``, then its generation config as ``from_pretrained`` reads it; no weight
+    file is read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from lit_llm.models import load_tokenizer, resolve_dtype, resolve_model_path, tiny_model
 
@@ -141,11 +142,11 @@ def _empty_model(config: ModelConfig) -> tuple[Any, Any]:
         kwargs["attn_implementation"] = config.attn_implementation
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, **kwargs)
-    if model.can_generate():
-        try:
-            model.generation_config = GenerationConfig.from_pretrained(path)
-        except OSError:  # no generation_config.json: from_pretrained keeps the one made from config.json, as here
-            pass
+    if model.can_generate() and hasattr(model, "adjust_generation_fn"):  # what from_pretrained does after loading:
+        # generation_config.json, or a generation config read from config.json when there is none
+        model.adjust_generation_fn(None, from_auto_class=True, from_pipeline=None, pretrained_model_name_or_path=path,
+                                   cache_dir=None, force_download=False, proxies=None, local_files_only=False,
+                                   token=None, revision="main", subfolder="", trust_remote_code=False)
     model.eval()
     return model, tokenizer
 

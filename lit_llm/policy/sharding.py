@@ -237,10 +237,16 @@ def _check_fill(model: torch.nn.Module, has_weights: bool) -> None:
     for rank, (_, theirs) in enumerate(everyone[1:], start=1):
         if theirs != reference:
             diff = next(((a, b) for a, b in zip(theirs, reference) if a != b), None)
-            what = f"{diff[0]} vs rank 0's {diff[1]}" if diff else f"{len(theirs)} tensors vs rank 0's {len(reference)}"
-            raise ValueError(f"Sharded init: rank {rank} built a different model from rank 0's ({what}; name, shape, "
-                             f"dtype), so rank 0's weights cannot fill it. Fix: give every rank the same model "
-                             f"options (e.g. an explicit --model.init_args.dtype instead of auto).")
+            what = (f"{_describe(diff[0])} vs rank 0's {_describe(diff[1])}" if diff else
+                    f"{len(theirs)} tensors vs rank 0's {len(reference)}")
+            raise ValueError(f"Sharded init: rank {rank} built a different model from rank 0's ({what}), so rank 0's "
+                             f"weights cannot fill it. Fix: give every rank the same model options (e.g. an explicit "
+                             f"--model.init_args.dtype instead of auto).")
+
+
+def _describe(entry: tuple[str, tuple[int, ...], str]) -> str:
+    name, shape, dtype = entry
+    return f"{name} {list(shape)} {dtype}"
 
 
 def fill_from_rank0(model: torch.nn.Module, weights: dict[str, Tensor] | None, mesh: Any) -> int:
