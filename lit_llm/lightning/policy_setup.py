@@ -66,7 +66,7 @@ def sharded_init(enabled: bool = True) -> Iterator[None]:
     other process it is built on the meta device (:func:`load_policy_model` with ``empty=True``: shapes and dtypes
     only, no weight memory, no file read), and so is its KL reference copy. ``configure_model``
     (:func:`shard_policy`) then shards the models, materialises the other ranks' shards and fills them from rank 0
-    (:func:`~lit_llm.policy.sharding.fill_from_rank0`), on every rank, whatever the rank. ``lit-llm fit`` enters it
+    (:func:`~lit_llm.policy.sharding.fill_from_rank0`), on every rank, whatever the rank. ``lit-llm`` enters it
     when ``trainer.strategy`` is ``ModelParallelStrategy`` (:func:`sharded_init_for_trainer`); Python code that
     builds a module itself opts in with ``with sharded_init(): module = SFTModule(...)`` on **every** rank (the fill
     is collective), and must then train it under ``ModelParallelStrategy``: a meta model without a device mesh is

@@ -234,3 +234,16 @@ def test_sharded_init_on_rank_zero_loads_and_configure_model_fills_the_same_weig
         assert all(torch.equal(got[k], v) for k, v in plain.model.state_dict().items())
         assert all(torch.equal(b, dict(non_persistent_buffers(plain.model))[k]) for k, b in
                    non_persistent_buffers(model))
+
+
+def test_a_meta_model_outside_sharded_init_is_refused(mesh):
+    module = SFTModule("tiny")
+    module.model = load_policy_model("tiny", empty=True)[0]  # meta, but nothing would fill it
+    module._device_mesh = mesh
+    with pytest.raises(ValueError) as e:
+        module.configure_model()
+    assert str(e.value) == (
+        "The policy model is on the meta device but the module was not built inside "
+        "lit_llm.lightning.policy_setup.sharded_init(), so nothing would fill it. Fix: build the module inside "
+        "sharded_init() on every rank, or with its weights.")
+    assert not any(isinstance(p, DTensor) for p in module.model.parameters())  # refused before sharding
