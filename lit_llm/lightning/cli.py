@@ -65,6 +65,7 @@ from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
 from lit_llm.lightning.checkpointing import check_checkpoint_file
 from lit_llm.lightning.graceful_stop import stop_exit_code
 from lit_llm.lightning.module import PolicyModule, check_manual_optimization_options
+from lit_llm.lightning.policy_setup import sharded_init_for_trainer
 from lit_llm.lightning.precision import AutoPrecisionTrainer, explain_precision
 from lit_llm.lightning.progress import StepProgressBar
 from lit_llm.lightning.resume_options import check_resume_options, check_run_options
@@ -376,8 +377,10 @@ class LitLLMCLI(LightningCLI):
             raise
 
     def instantiate_classes(self) -> None:
-        """LightningCLI's, with a class's error reported as :class:`CLIConfigError`."""
-        with self._config_errors():
+        """LightningCLI's, a class's error reported as :class:`CLIConfigError`; under ``ModelParallelStrategy``
+        in :func:`~lit_llm.lightning.policy_setup.sharded_init` (ranks other than 0 build on the meta device)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        with self._config_errors(), sharded_init_for_trainer(config.get("trainer")):  # ModelParallelStrategy
             super().instantiate_classes()
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:

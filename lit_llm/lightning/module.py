@@ -42,6 +42,8 @@ from lit_llm.lightning.policy_setup import (
     check_sharded_micro_batches,
     check_sharded_step_plan,
     check_weights_precision,
+    in_sharded_init,
+    launch_is_global_rank_zero,
     load_policy_model,
     shard_policy,
 )
@@ -122,7 +124,12 @@ class PolicyModule(CheckpointHooks, LightningModule):
         # Plain attributes read by the data modules (their own chat_template wins when set).
         self.chat_template: str | None = self.model_config.chat_template
         self.chat_template_kwargs: dict[str, Any] = self.model_config.chat_template_kwargs
-        self.model, self.tokenizer = load_policy_model(self.model_config)
+        #: built inside :func:`~lit_llm.lightning.policy_setup.sharded_init` (``lit-llm fit`` under
+        #: ``ModelParallelStrategy``): on ranks other than global rank 0 the model (and its KL reference) is on the meta
+        #: device until :meth:`configure_model` fills its shards from rank 0
+        self.sharded_init = in_sharded_init()
+        empty = self.sharded_init and not launch_is_global_rank_zero()
+        self.model, self.tokenizer = load_policy_model(self.model_config, empty=empty)
         self.model.train()  # load_model returns eval mode; Lightning keeps submodule modes as they are
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -160,7 +167,10 @@ class PolicyModule(CheckpointHooks, LightningModule):
 
     def configure_model(self) -> None:
         """Under ``--trainer.strategy ModelParallelStrategy``: the model (and a separate KL reference) sharded with
-        FSDP2 (:func:`~lit_llm.lightning.policy_setup.shard_policy`, docs/distributed.md); otherwise nothing."""
+        FSDP2 and, when built inside :func:`~lit_llm.lightning.policy_setup.sharded_init` (``lit-llm fit`` does),
+        the shards of the ranks that built it on the meta device materialised and filled from global rank 0
+        (:func:`~lit_llm.lightning.policy_setup.shard_policy`, docs/distributed.md); otherwise nothing (a model on the
+        meta device without a device mesh is refused: ``ValueError``, one line)."""
         shard_policy(self)
 
     def on_fit_start(self) -> None:
@@ -199,7 +209,9 @@ class PolicyModule(CheckpointHooks, LightningModule):
     def reference_model(self) -> torch.nn.Module:
         """The frozen KL reference (``beta`` / ``kl_coef > 0``): with ``use_peft`` the trained ``PeftModel`` itself (the
         :class:`~lit_llm.lightning.versions.PolicyVersionSwitch` scores it with the adapters disabled, i.e. the base
-        model: no second copy of the weights); else a frozen deep copy of the initial model (eval mode, no grad)."""
+        model: no second copy of the weights); else a frozen deep copy of the initial model (eval mode, no grad): on
+        the meta device when the model is (:func:`~lit_llm.lightning.policy_setup.sharded_init` on a rank other than
+        0), filled from rank 0's copy in :meth:`configure_model`."""
         if self.model_config.use_peft:
             return self.model
         return copy.deepcopy(self.model).eval().requires_grad_(False)

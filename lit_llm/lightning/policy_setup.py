@@ -3,11 +3,16 @@
 the Trainer options that manual optimisation does not use (:func:`check_manual_optimization_options`); under
 ``ModelParallelStrategy`` the FSDP2 sharding of the model (:func:`shard_policy`, ``configure_model``) and the equal
 micro-batch counts it needs, at the start (:func:`check_sharded_step_plan`) and per step
-(:func:`check_sharded_micro_batches`)."""
+(:func:`check_sharded_micro_batches`); and the opt-in meta-device construction of sharded runs (:func:`sharded_init`:
+ranks other than global rank 0 hold no weights until ``configure_model``)."""
 
 from __future__ import annotations
 
 import copy
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -15,11 +20,122 @@ import torch
 from lit_llm.models import ModelConfig
 
 __all__ = ["MICRO_BATCH_FIX", "check_lora_targets", "check_manual_optimization_options",
-           "check_sharded_micro_batches", "check_sharded_step_plan", "check_weights_precision", "shard_policy",
-           "linear_module_names", "load_policy_model"]
+           "check_sharded_micro_batches", "check_sharded_step_plan", "check_weights_precision", "in_sharded_init",
+           "launch_is_global_rank_zero", "linear_module_names", "load_policy_model", "shard_policy", "sharded_init",
+           "sharded_init_for_trainer"]
+
+_SHARDED_INIT: ContextVar[bool] = ContextVar("lit_llm_sharded_init", default=False)
+
+#: The launch variables that say a process is not global rank 0 when one of them is above 0: torchrun's ``RANK`` /
+#: ``LOCAL_RANK`` / ``GROUP_RANK``, Lightning's own launcher's ``LOCAL_RANK`` / ``NODE_RANK`` (set for the processes it
+#: starts), and SLURM's ``SLURM_PROCID`` where Lightning uses SLURM (``SLURM_NTASKS`` set, job name not ``bash`` /
+#: ``interactive``: Lightning's ``SLURMEnvironment.detect`` rule).
+LAUNCH_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK")
 
 
-def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
+def launch_is_global_rank_zero(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is global rank 0 as its launch environment says, before ``torch.distributed`` starts:
+    ``False`` when one of :data:`LAUNCH_RANK_VARIABLES` (or, under SLURM, ``SLURM_PROCID``) is above 0, ``True``
+    otherwise (a plain ``lit-llm fit``: the process Lightning's launcher starts the others from).
+
+    Args:
+        environ: the environment to read (default ``os.environ``).
+
+    Raises:
+        ValueError: one of those variables is not an integer (names it).
+    """
+    env = os.environ if environ is None else environ
+    names = list(LAUNCH_RANK_VARIABLES)
+    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        names.append("SLURM_PROCID")
+    for name in names:
+        value = env.get(name, "").strip()
+        if not value:
+            continue
+        try:
+            rank = int(value)
+        except ValueError:
+            raise ValueError(f"The environment variable {name}={value!r} is not an integer rank. Fix: unset it or "
+                             f"give the process's rank.") from None
+        if rank != 0:
+            return False
+    return True
+
+
+@contextmanager
+def sharded_init(enabled: bool = True) -> Iterator[None]:
+    """Policy modules constructed inside this block are built for sharded training (``ModelParallelStrategy``): on
+    the process that is global rank 0 (:func:`launch_is_global_rank_zero`) the model is loaded as usual; on every
+    other process it is built on the meta device (:func:`load_policy_model` with ``empty=True``: shapes and dtypes
+    only, no weight memory, no file read), and so is its KL reference copy. ``configure_model``
+    (:func:`shard_policy`) then shards the models, materialises the other ranks' shards and fills them from rank 0
+    (:func:`~lit_llm.policy.sharding.fill_from_rank0`), on every rank, whatever the rank. ``lit-llm`` enters it
+    when ``trainer.strategy`` is ``ModelParallelStrategy`` (:func:`sharded_init_for_trainer`); Python code that
+    builds a module itself opts in with ``with sharded_init(): module = SFTModule(...)`` on **every** rank (the fill
+    is collective), and must then train it under ``ModelParallelStrategy``: a meta model without a device mesh is
+    refused in ``configure_model``. The tokenizer and chat template are loaded on every rank as before.
+
+    Args:
+        enabled: ``False``: a no-op block (today's behaviour: every rank loads the full weights).
+    """
+    token = _SHARDED_INIT.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _SHARDED_INIT.reset(token)
+
+
+def in_sharded_init() -> bool:
+    """Whether the caller runs inside :func:`sharded_init` (read by ``PolicyModule.__init__``)."""
+    return _SHARDED_INIT.get()
+
+
+def sharded_init_for_trainer(trainer_config: Any) -> AbstractContextManager:
+    """:func:`sharded_init` when the parsed ``trainer`` options' ``strategy`` is Lightning's
+    ``ModelParallelStrategy`` (the name, a ``class_path`` of it or a subclass, or an instance), else a no-op block.
+    ``lit-llm`` wraps the building of the run's classes in it
+    (:meth:`lit_llm.lightning.cli.LitLLMCLI.instantiate_classes`).
+    """
+    strategy = trainer_config.get("strategy") if trainer_config is not None else None
+    from lit_llm.lightning.sharded_options import is_model_parallel
+
+    return sharded_init() if strategy is not None and is_model_parallel(strategy) else nullcontext()
+
+
+def _empty_model(config: ModelConfig) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` like :func:`~lit_llm.models.load_model` / :func:`~lit_llm.models.tiny_model`, the model
+    built on the meta device: transformers' ``from_config`` (what its ``from_pretrained`` builds before reading the
+    weights) with the folder's ``config.json``, then its generation config as ``from_pretrained`` reads it; no weight
+    file is read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lit_llm.models import load_tokenizer, resolve_dtype, resolve_model_path, tiny_model
+
+    if config.model_name_or_path == "tiny":
+        tokenizer = load_tokenizer()
+        with torch.device("meta"):
+            model = tiny_model(tokenizer, dtype=config.dtype, attn_implementation=config.attn_implementation)
+        return model, tokenizer
+    path = resolve_model_path(config.model_name_or_path)
+    tokenizer = load_tokenizer(path)
+    hf_config = AutoConfig.from_pretrained(path)
+    hf_config.name_or_path = path
+    dtype = resolve_dtype(config.dtype)
+    kwargs: dict[str, Any] = {"dtype": hf_config.dtype if dtype == "auto" else dtype}
+    if config.attn_implementation is not None:
+        kwargs["attn_implementation"] = config.attn_implementation
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, **kwargs)
+    if model.can_generate() and hasattr(model, "adjust_generation_fn"):  # what from_pretrained does after loading:
+        # generation_config.json, or a generation config read from config.json when there is none
+        model.adjust_generation_fn(None, from_auto_class=True, from_pipeline=None, pretrained_model_name_or_path=path,
+                                   cache_dir=None, force_download=False, proxies=None, local_files_only=False,
+                                   token=None, revision="main", subfolder="", trust_remote_code=False)
+    model.eval()
+    return model, tokenizer
+
+
+def load_policy_model(config: ModelConfig | str, *, empty: bool = False) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for the model options: ``"smollm2-135m-instruct"`` (embedded default), ``"tiny"`` (a
     random tiny Llama over SmolLM2's tokenizer, for tests), a local HF folder or a Hub id, loaded with the options'
     ``dtype`` and ``attn_implementation``; a ``chat_template`` override is resolved (text, ``.jinja`` path or template
@@ -29,6 +145,12 @@ def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
 
     Args:
         config: the :class:`~lit_llm.models.ModelConfig`, or a model name (all other options at their defaults).
+        empty: build the model on the meta device (every parameter and buffer, the LoRA adapters too): the same
+            modules, names, shapes, dtypes and generation config, no weight memory and no weight file read; its values
+            (all of them, the non-persistent rotary buffers included) must be filled later
+            (:func:`~lit_llm.policy.sharding.fill_from_rank0`; :func:`sharded_init`). It draws the same numbers from
+            the global random generator as a full load (none, but the LoRA adapters' init), so a rank's later random
+            stream (dropout) is the one it had before. The tokenizer is loaded as usual.
 
     Raises:
         FileNotFoundError: unknown name / path, a Hub id not cached while ``HF_HUB_OFFLINE`` is set (see
@@ -41,7 +163,9 @@ def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
     from lit_llm.models import get_peft_config, load_model, load_tokenizer, tiny_model
 
     config = config if isinstance(config, ModelConfig) else ModelConfig(str(config))
-    if config.model_name_or_path == "tiny":
+    if empty:
+        model, tokenizer = _empty_model(config)
+    elif config.model_name_or_path == "tiny":
         tokenizer = load_tokenizer()
         model = tiny_model(tokenizer, dtype=config.dtype, attn_implementation=config.attn_implementation)
     else:
@@ -55,6 +179,8 @@ def load_policy_model(config: ModelConfig | str) -> tuple[Any, Any]:
         from lit_llm.policy.logprobs import lm_head
 
         check_lora_targets(model, config.lora_target_modules)
+        # empty: peft initialises the (small) adapters on the CPU, drawing the same random numbers as a full load, then
+        # moves them to their base layer's device, the meta device (their values come from rank 0 too)
         model = get_peft_model(model, get_peft_config(config))
         lm_head(model)  # a regex target that caught the output head is refused here (the kernel reads its weight)
     return model, tokenizer
@@ -163,16 +289,25 @@ def shard_policy(module: Any) -> None:
     ``rollout_mode: async`` needs nothing here: its producer is built later (at the train dataloader) over a plain
     copy of the full weights (:func:`~lit_llm.rollouts.model_copy.unsharded_copy`, no deep copy of the shards).
 
+    A module built inside :func:`sharded_init` (``module.sharded_init``; on ranks other than global rank 0 its models
+    are on the meta device) has each model filled after it is sharded, on every rank
+    (:func:`~lit_llm.policy.sharding.fill_from_rank0`: the other ranks' shards materialised on the rank's device and
+    filled from rank 0's full weights, the non-persistent buffers broadcast), one model at a time (rank 0 holds a
+    model's full weights until its fill ends); each rank other than 0 then prints one line saying so.
+
     Raises:
         ValueError: ``tensor_parallel_size > 1``, given or ``auto`` (only data-parallel FSDP2 is supported;
             ``lit-llm`` refuses it before launching, :mod:`~lit_llm.lightning.sharded_options`) or ``use_vllm`` (as
             under DDP: the colocated engine runs in one process and initialises its own ``torch.distributed`` group,
-            beside the strategy's): one line each, naming the option and the fix.
+            beside the strategy's): one line each, naming the option and the fix; a model on the meta device without
+            a device mesh (the run is not sharded after all: its weights would be empty);
+            :func:`~lit_llm.policy.sharding.fill_from_rank0`'s refusals.
     """
-    from lit_llm.policy.sharding import shard_model
+    from lit_llm.policy.sharding import fill_from_rank0, is_meta, rank0_weights, shard_model
 
     mesh = getattr(module, "device_mesh", None)
     if mesh is None:
+        _refuse_meta_without_mesh(module)
         return
     names = mesh.mesh_dim_names or ()
     if "tensor_parallel" in names and (tp := mesh["tensor_parallel"].size()) > 1:
@@ -187,10 +322,41 @@ def shard_policy(module: Any) -> None:
                          "initialises its own torch.distributed group, beside the strategy's). Fix: use_vllm false "
                          "(rollouts on the sharded model), or train on one device without this strategy.")
     dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
-    shard_model(module.model, dp_mesh)
     reference = versions.reference_version
-    if reference is not None and reference.model is not module.model:
-        shard_model(reference.model, dp_mesh)
+    models = [module.model] + ([reference.model] if reference is not None and reference.model is not module.model
+                               else [])
+    fill = bool(getattr(module, "sharded_init", False))
+    if not fill and any(is_meta(m) for m in models):
+        raise ValueError("The policy model is on the meta device but the module was not built inside "
+                         "lit_llm.lightning.policy_setup.sharded_init(), so nothing would fill it. Fix: build the "
+                         "module inside sharded_init() on every rank, or with its weights.")
+    built_on_meta, filled = is_meta(module.model), 0
+    for model in models:
+        full = None if not fill or is_meta(model) else rank0_weights(model)  # rank 0's values, before sharding
+        shard_model(model, dp_mesh)
+        if fill:
+            filled += fill_from_rank0(model, full, dp_mesh)
+        del full  # rank 0: the full tensors are freed here (the model holds its shards)
+    if built_on_meta:
+        import torch.distributed as dist
+
+        what = "model and its KL reference were" if len(models) > 1 else "model was"
+        print(f"[rank {dist.get_rank()}] lit-llm: the policy {what} built on the meta device (no weights in host "
+              f"memory before configure_model); shards filled from rank 0 ({filled} tensors).", flush=True)
+
+
+def _refuse_meta_without_mesh(module: Any) -> None:
+    from lit_llm.policy.sharding import is_meta
+
+    reference = getattr(getattr(module, "versions", None), "reference_version", None)
+    if not (is_meta(module.model) or (reference is not None and is_meta(reference.model))):
+        return
+    trainer = getattr(module, "_trainer", None)
+    strategy = type(trainer.strategy).__name__ if trainer is not None else "none (no Trainer)"
+    raise ValueError(f"This process built its policy model on the meta device for sharded training (sharded_init, "
+                     f"global rank > 0), but the run is not sharded (trainer.strategy: {strategy}), so it would train "
+                     f"on empty weights. Fix: run with --trainer.strategy ModelParallelStrategy, or build the module "
+                     f"outside lit_llm.lightning.policy_setup.sharded_init().")
 
 
 #: The fix named by :func:`check_sharded_micro_batches` and :func:`check_sharded_step_plan`.

@@ -38,8 +38,26 @@ def strategy_class_path(strategy: Any) -> str | None:
 
 
 def is_model_parallel(strategy: Any) -> bool:
-    """Whether a ``trainer.strategy`` config value is ``ModelParallelStrategy`` (sharded training)."""
-    return (strategy_class_path(strategy) or "").rpartition(".")[2] == "ModelParallelStrategy"
+    """Whether a ``trainer.strategy`` config value is ``ModelParallelStrategy`` (sharded training): its name (any
+    case), a ``class_path`` of it or of a subclass, or an instance. A class path that does not import is ``False``
+    (the ``Trainer`` reports it)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    if isinstance(strategy, ModelParallelStrategy):
+        return True
+    path = strategy_class_path(strategy) or ""
+    if path.rpartition(".")[2] == "ModelParallelStrategy":
+        return True
+    if "." not in path:
+        return False
+    import importlib
+
+    module, _, attr = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, ModelParallelStrategy)
 
 
 def resolve_strategy(strategy: Any) -> Any:

@@ -39,7 +39,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from lit_llm.policy.frozen_weights import MIXED_COMPUTE_DTYPES
-from lit_llm.policy.sharding import gathered, reshard_root
+from lit_llm.policy.sharding import gathered, is_meta, reshard_root
 from lit_llm.rewards import TrainerState
 from lit_llm.rollouts import AsyncRollouts, RolloutBatch, RolloutEngine, policy_responses
 from lit_llm.rollouts.dynamic_sampling import SamplingCap, informative_groups, select_groups
@@ -377,7 +377,7 @@ class PolicyVersionSwitch(Callback):
                  "evaluation prompt")])
         if self.engine is not None:
             self.engine.rank = trainer.global_rank  # every rank samples from its own stream
-        if self.reference_version is not None:
+        if self.reference_version is not None and not is_meta(self.reference_version.model):  # meta: configure_model
             self.reference_version.model.to(pl_module.device)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -17,6 +17,11 @@
   step would deadlock; the whole model is gathered once (one all-gather per unit, in the same order on every rank),
   generation runs with no collective, and every unit is resharded after. The full weights are held during generation.
 
+* Meta-device construction (:func:`fill_from_rank0`): ranks other than global rank 0 may build the model on the
+  meta device (no weight memory); after :func:`shard_model` their shards are materialised (``to_empty``) and filled
+  from rank 0's full weights (``set_model_state_dict`` with ``broadcast_from_rank0``), and the non-persistent buffers
+  (rotary ``inv_freq``: not in the state dict) are broadcast from rank 0.
+
 Every rank must run the same FSDP forwards in the same order (see :func:`check_same_count`).
 """
 
@@ -31,8 +36,8 @@ from torch import Tensor
 
 from lit_llm.policy.logprobs import _backbone_and_head, base_causal_lm
 
-__all__ = ["check_same_count", "decoder_layers", "fsdp_units", "full_tensor", "gathered", "is_sharded",
-           "reshard_root", "shard_model"]
+__all__ = ["check_same_count", "decoder_layers", "fill_from_rank0", "fsdp_units", "full_tensor", "gathered", "is_meta",
+           "is_sharded", "non_persistent_buffers", "rank0_weights", "reshard_root", "shard_model"]
 
 
 def _fsdp() -> Any:
@@ -174,3 +179,115 @@ def check_same_count(count: int, all_sum: Any, world: int, *, what: str, fix: st
         raise ValueError(f"Sharded training: the ranks have different numbers of {what} in this step (this rank: "
                          f"{count}, mean {total / world:g}); FSDP2 needs the same forward passes on every rank. "
                          f"Fix: {fix}")
+
+
+def is_meta(model: torch.nn.Module | None) -> bool:
+    """Whether any parameter or buffer of ``model`` is on the meta device (built without weights); ``None``:
+    ``False``."""
+    return model is not None and any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def non_persistent_buffers(model: torch.nn.Module) -> list[tuple[str, Tensor]]:
+    """``(name, buffer)`` of ``model``'s buffers that its ``state_dict`` leaves out (registered ``persistent=False``,
+    e.g. a Llama's rotary ``inv_freq`` / ``original_inv_freq``), in ``named_buffers()`` order (deduplicated)."""
+    modules = dict(model.named_modules())
+    out = []
+    for name, buf in model.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        if leaf in modules[owner]._non_persistent_buffers_set:
+            out.append((name, buf))
+    return out
+
+
+def _mesh_device(mesh: Any) -> torch.device:
+    # the device FSDP2 shards onto (torch's fully_shard: the mesh's device type, the current device of that type)
+    if mesh.device_type == "cpu":
+        return torch.device("cpu")
+    return torch.device(mesh.device_type, getattr(torch, mesh.device_type).current_device())
+
+
+def rank0_weights(model: torch.nn.Module) -> dict[str, Tensor]:
+    """What global rank 0 passes to :func:`fill_from_rank0`: ``model.state_dict()`` (before :func:`shard_model`:
+    plain, whole tensors, sharing the model's storage: no copy) plus its non-persistent buffers
+    (:func:`non_persistent_buffers`), by name."""
+    return {**model.state_dict(), **dict(non_persistent_buffers(model))}
+
+
+def _signature(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
+    """``(name, global shape, dtype)`` of every state-dict tensor and non-persistent buffer (a DTensor: its global
+    shape; meta or not)."""
+    tensors = [*model.state_dict().items(), *non_persistent_buffers(model)]
+    return [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in tensors]
+
+
+def _check_fill(model: torch.nn.Module, has_weights: bool) -> None:
+    """One ``all_gather_object`` (default group) of every rank's (weights given?, signature); every rank takes the
+    same decision, so a refusal stops all ranks before the broadcast (none is left waiting in it)."""
+    import torch.distributed as dist
+
+    mine = (has_weights, _signature(model))
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if not everyone[0][0]:
+        raise ValueError("Sharded init: global rank 0 has no weights to broadcast (it built its model on the meta "
+                         "device: its launch environment said it was not rank 0, one of RANK, LOCAL_RANK, NODE_RANK, "
+                         "GROUP_RANK or SLURM_PROCID above 0). Fix: launch so that rank 0 has none of them above 0, or "
+                         "build the module outside sharded_init() (lit_llm.lightning.policy_setup).")
+    reference = everyone[0][1]
+    for rank, (_, theirs) in enumerate(everyone[1:], start=1):
+        if theirs != reference:
+            diff = next(((a, b) for a, b in zip(theirs, reference) if a != b), None)
+            what = (f"{_describe(diff[0])} vs rank 0's {_describe(diff[1])}" if diff else
+                    f"{len(theirs)} tensors vs rank 0's {len(reference)}")
+            raise ValueError(f"Sharded init: rank {rank} built a different model from rank 0's ({what}), so rank 0's "
+                             f"weights cannot fill it. Fix: give every rank the same model options (e.g. an explicit "
+                             f"--model.init_args.dtype instead of auto).")
+
+
+def _describe(entry: tuple[str, tuple[int, ...], str]) -> str:
+    name, shape, dtype = entry
+    return f"{name} {list(shape)} {dtype}"
+
+
+def fill_from_rank0(model: torch.nn.Module, weights: dict[str, Tensor] | None, mesh: Any) -> int:
+    """Fill a sharded ``model`` (:func:`shard_model` ran) on every rank from global rank 0's full weights: a rank whose
+    model is on the meta device materialises its shards first (``model.to_empty(device=...)`` on the mesh's device:
+    uninitialised memory, its ``1/world`` share of each parameter, whole buffers); then
+    ``torch.distributed.checkpoint.state_dict.set_model_state_dict(model, state_dict,
+    options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))`` broadcasts every state-dict tensor
+    from rank 0, one at a time, and each rank copies its shard of it; the non-persistent buffers
+    (:func:`non_persistent_buffers`: not in the state dict, e.g. rotary ``inv_freq``) are set on rank 0 from
+    ``weights`` and broadcast from it. Collective over the default process group (a data-parallel mesh is the whole
+    world): every rank calls it with the same model structure, after the same :func:`shard_model`.
+
+    Args:
+        model: the sharded model (an HF causal LM or a ``PeftModel``), on the meta device or not.
+        weights: on global rank 0, :func:`rank0_weights` of the model taken **before** :func:`shard_model` (whole
+            tensors, the values every rank gets; a meta model there may take another model's); ignored on the other
+            ranks (``None`` there).
+        mesh: the data-parallel ``DeviceMesh`` the model was sharded over (its device type picks the device).
+
+    Returns:
+        The number of tensors filled (state-dict entries, tied weights counted per name, + non-persistent buffers).
+
+    Raises:
+        ValueError: rank 0 passed no ``weights``, or another rank's model differs from rank 0's in a tensor's name,
+            shape or dtype: the same one line on every rank, before any weight is broadcast.
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    rank0 = dist.get_rank() == 0
+    _check_fill(model, weights is not None)
+    if is_meta(model):
+        model.to_empty(device=_mesh_device(mesh))
+    buffers = non_persistent_buffers(model)
+    names = {name for name, _ in buffers}
+    state = {k: v for k, v in weights.items() if k not in names} if rank0 else {}
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    with torch.no_grad():
+        for name, buf in buffers:
+            if rank0:
+                buf.copy_(weights[name])
+            dist.broadcast(buf, src=0)
+    return len(model.state_dict()) + len(buffers)

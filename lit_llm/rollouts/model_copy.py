@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from lit_llm.policy.logprobs import base_causal_lm
+from lit_llm.policy.sharding import non_persistent_buffers
 
 __all__ = ["full_weights", "unsharded_copy"]
 
@@ -111,11 +112,9 @@ def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:
     """
     empty = _empty_like_model(model)
     empty.load_state_dict(full_weights(model), strict=True, assign=True)
-    persistent = set(model.state_dict(keep_vars=True))
-    for name, buf in model.named_buffers():
-        if name not in persistent:
-            owner, _, attr = name.rpartition(".")
-            setattr(empty.get_submodule(owner), attr, _owned(buf))
+    for name, buf in non_persistent_buffers(model):
+        owner, _, attr = name.rpartition(".")
+        setattr(empty.get_submodule(owner), attr, _owned(buf))
     copy_base, base = base_causal_lm(empty), base_causal_lm(model)
     if callable(getattr(copy_base, "tie_weights", None)):
         copy_base.tie_weights()  # assign=True replaced each tied parameter by its own Parameter object

@@ -2,9 +2,11 @@
 real ``lit-llm`` CLI and the tiny model (fp32):
 
 * SFT with a KL reference (the reference sharded too), against the same run under DDP (an independent code path,
-  the same data on the same ranks): the same losses, KL, gradient norms, validation loss and final weights, to fp32
-  reduction-order tolerance; its distributed checkpoint folder exported to one HF folder; a run stopped after step
-  2 and resumed from its ``last.ckpt`` folder (``--ckpt_path last``): the same steps 3-4;
+  the same data on the same ranks): rank 1 builds the model and the reference on the meta device and has their shards
+  filled from rank 0 in ``configure_model`` (the line it prints), rank 0 loads them (the same losses therefore check
+  rank 1's filled weights and rotary buffers); the same losses, KL, gradient norms, validation loss and final
+  weights, to fp32 reduction-order tolerance; its distributed checkpoint folder exported to one HF folder; a run
+  stopped after step 2 and resumed from its ``last.ckpt`` folder (``--ckpt_path last``): the same steps 3-4;
 * GRPO (sync rollouts) with LoRA and a KL reference (adapters disabled), rank 0 stopping every completion at its
   first token and rank 1 never stopping (tests/distributed/ddp_probe.py's ``skew_generation``): generation of
   different lengths on the two ranks does not deadlock; its LoRA checkpoint folder resumed for a third step in
@@ -68,6 +70,12 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
 def test_sharded_sft_matches_ddp(runs):
     ddp, sharded = runs.get("ddp"), runs.get("sharded")
     assert_clean_exit(sharded)
+    # rank 1 built both models on the meta device (lit-llm fit under ModelParallelStrategy: sharded_init), rank 0 did
+    # not; 46 = 2 models x (21 state-dict tensors + 2 rotary buffers)
+    built = [line for line in sharded.output.splitlines() if "built on the meta device" in line]
+    assert built == ["[rank 1] lit-llm: the policy model and its KL reference were built on the meta device (no "
+                     "weights in host memory before configure_model); shards filled from rank 0 (46 tensors)."]
+    assert "meta device" not in ddp.output
     assert_same_weights_every_step(sharded)  # the probe hashes the gathered (whole) weights
     for r in range(2):  # the same samples on the same rank at every step
         assert [s["sample_ids"] for s in sharded.ranks[r]["steps"]] == [s["sample_ids"] for s in ddp.ranks[r]["steps"]]
