@@ -34,7 +34,8 @@ def strategy_class_path(strategy: Any) -> str | None:
             return "lightning.pytorch.strategies.FSDPStrategy"
         return MODEL_PARALLEL if name == "modelparallelstrategy" else None
     get = getattr(strategy, "get", None)
-    return get("class_path") if callable(get) else None
+    path = get("class_path") if callable(get) else getattr(strategy, "class_path", None)
+    return path if isinstance(path, str) else None
 
 
 def is_model_parallel(strategy: Any) -> bool:
