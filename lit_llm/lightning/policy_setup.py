@@ -384,8 +384,8 @@ def check_sharded_step_plan(module: Any, loader: Any) -> None:
     """At the start of training under sharding (:func:`shard_policy` ran), refuse a step loader whose epoch would give
     the ranks different numbers of micro-batches in some step (the short step of
     :class:`~lit_llm.lightning.datamodules.StepBatchLoader`, which the shuffled step order puts anywhere): its
-    ``epoch_plan`` for every rank, no collective. Loaders without an ``epoch_plan`` (GRPO's prompts: equal counts by
-    construction) are left to the per-step :func:`check_sharded_micro_batches`.
+    ``epoch_plan`` for every rank, no collective. Loaders without an ``epoch_plan`` and a ``micro_batch_size`` (GRPO's
+    prompts: equal counts by construction) are left to the per-step :func:`check_sharded_micro_batches`.
 
     Raises:
         ValueError: one line with the counts per rank, the step's size, and the fix of
@@ -393,7 +393,8 @@ def check_sharded_step_plan(module: Any, loader: Any) -> None:
     """
     from lit_llm.policy.sharding import is_sharded
 
-    if not is_sharded(module.model) or not callable(getattr(loader, "epoch_plan", None)):
+    if (not is_sharded(module.model) or not callable(getattr(loader, "epoch_plan", None))
+            or getattr(loader, "micro_batch_size", None) is None):  # GRPO's PromptBatchLoader: prompts, no micro-batches
         return
     m, world = loader.micro_batch_size, loader.world_size
     plans = []

@@ -148,7 +148,18 @@ def test_uneven_micro_batches_refused_before_the_first_step(monkeypatch):
     assert plan_error(12, 4, 2, 2, monkeypatch) is None  # a last step of 4 dealt 2 + 2: one micro-batch each
     assert plan_error(14, 4, 2, 2, monkeypatch) is None  # a last step of 6 dealt 3 + 3: 2 and 2
     assert plan_error(13, 4, 4, 2, monkeypatch) is None  # micro-batch = batch: one micro-batch each
-    policy_setup.check_sharded_step_plan(SimpleNamespace(model=None), [])  # no epoch_plan (GRPO): per-step check
+    policy_setup.check_sharded_step_plan(SimpleNamespace(model=None), [])  # no epoch_plan: the per-step check
+
+
+def test_grpo_prompt_loader_left_to_the_per_step_check(monkeypatch):
+    """GRPO's PromptBatchLoader has an epoch plan of prompts but no micro-batches (every rank rolls out batch_size
+    prompts: equal counts by construction): accepted at the start, even with prompts that do not divide evenly."""
+    from lit_llm.lightning.grpo_data import PromptBatchLoader
+
+    monkeypatch.setattr("lit_llm.policy.sharding.is_sharded", lambda model: True)
+    loader = PromptBatchLoader([{"prompt_ids": [i]} for i in range(13)], batch_size=4, seed=1, world_size=2)
+    assert callable(loader.epoch_plan) and not hasattr(loader, "micro_batch_size")
+    policy_setup.check_sharded_step_plan(SimpleNamespace(model=None), loader)
 
 
 @pytest.mark.slow
