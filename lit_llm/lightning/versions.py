@@ -378,7 +378,7 @@ class PolicyVersionSwitch(Callback):
         if self.engine is not None:
             self.engine.rank = trainer.global_rank  # every rank samples from its own stream
         if self.reference_version is not None and not is_meta(self.reference_version.model):  # meta: configure_model
-            self.reference_version.model.to(pl_module.device)
+            self.reference_version.model.to(trainer.strategy.root_device)  # the module is moved there after setup
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._run += 1  # a checkpoint, if any, is restored by now: the engine starts from these weights

@@ -5,6 +5,7 @@ keeps only weights that require grad, so a frozen fp32 copy is re-cast at every 
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -58,3 +59,15 @@ def test_sft_reference_is_cast_under_bf16_mixed_only(precision, linear_dtype):
     assert reference.model.layers[0].self_attn.q_proj.weight.dtype == linear_dtype
     assert reference.lm_head.weight.dtype == reference.model.norm.weight.dtype == torch.float32
     assert {p.dtype for p in module.model.parameters()} == {torch.float32}  # the trained master weights
+
+
+def test_reference_moved_to_the_strategy_root_device_not_the_module_device():
+    """Callbacks' ``setup`` runs before the strategy moves the module to its device (``strategy.setup``), so the
+    reference (not a submodule of the module) goes to ``trainer.strategy.root_device``, where the module will be: a
+    GPU run's reference left on the CPU would meet GPU inputs. The meta device stands in for the GPU here."""
+    module = SFTModule("tiny", kl_coef=0.1)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("meta")), global_rank=0,
+                              world_size=1, datamodule=None)
+    module.versions.setup(trainer, module, "fit")
+    assert {p.device.type for p in module.versions.reference_version.model.parameters()} == {"meta"}
+    assert {p.device.type for p in module.model.parameters()} == {"cpu"}  # the module: moved by the strategy later
