@@ -30,13 +30,14 @@ from functools import partial, wraps
 from typing import Any
 
 import torch
-from _memory import commit, machine_line
+from _memory import machine_line
 from grpo_train_cost import REWARDS
 from lightning.pytorch import Trainer
 
 from lit_llm.lightning import grpo as grpo_mod
 from lit_llm.lightning import grpo_metrics
 from lit_llm.lightning import module as module_mod
+from lit_llm.lightning import versions as versions_mod
 from lit_llm.lightning.grpo_data import GRPODataModule
 from lit_llm.objectives import grpo as objective_mod
 from lit_llm.policy import kernel, masked_dist
@@ -63,6 +64,12 @@ PIECES = [
      "training part", True),
     (grpo_mod, "rollout_metrics", "rollout metrics (rollout_metrics)", "_log_rollout", True),
     (module_mod.PolicyModule, "release_host_memory", "host-memory release (release_host_memory)", "step", False),
+    (versions_mod, "informative_groups", "dynamic sampling: groups with unequal rewards (informative_groups)",
+     "rollout (before the training part)", False),
+    (versions_mod, "select_groups", "dynamic sampling: kept groups, advantages recomputed (select_groups)",
+     "rollout (before the training part)", False),
+    (versions_mod.SamplingCap, "update", "dynamic sampling: cap bookkeeping (SamplingCap.update)",
+     "rollout (before the training part)", True),
 ]
 
 
@@ -72,13 +79,15 @@ def main() -> None:
     p.add_argument("--precision", default="32-true")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--micro-batch-size", type=int, default=64)
-    p.add_argument("--kernel-repeats", type=int, default=3)
+    p.add_argument("--kernel-repeats", type=int, default=5)
+    p.add_argument("--dynamic-sampling", action="store_true",
+                   help="DAPO's dynamic sampling on (max_sampling_rounds 3), as configs/grpo_arithmetic.yaml")
     p.add_argument("--no-entropy", action="store_true",
                    help="train with the kernel's entropy off (log_prob_and_entropy -> log_prob and zeros): the in-step "
                         "A/B of its cost")
     a = p.parse_args()
     torch.set_num_threads(1)
-    print(machine_line(), f"; commit {commit()}", flush=True)
+    print(machine_line(), flush=True)
 
     cpu: dict[str, list[float]] = defaultdict(list)  # label -> seconds per call
     faults: dict[str, list[tuple[int, float]]] = defaultdict(list)  # label -> (minor page faults, system s) per call
@@ -116,8 +125,9 @@ def main() -> None:
         masked_dist.ChunkedLLMMaskedCategorical.log_prob_and_entropy = log_prob_only
     module = grpo_mod.GRPOModule(a.model, reward_funcs=REWARDS, num_generations=8, max_new_tokens=32,
                                  temperature=1.0, micro_batch_size=a.micro_batch_size, log_samples_every=0,
-                                 optimizer=partial(torch.optim.AdamW, lr=1e-6))
-    data = GRPODataModule("arithmetic", batch_size=8, num_train=8 * a.steps, num_eval=0)
+                                 optimizer=partial(torch.optim.AdamW, lr=1e-6), dynamic_sampling=a.dynamic_sampling)
+    data = GRPODataModule("arithmetic", batch_size=8, num_train=8 * a.steps * (3 if a.dynamic_sampling else 1),
+                          num_eval=0)
     Trainer(max_steps=a.steps, precision=a.precision, accelerator="cpu", devices=1, logger=False,
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             num_sanity_val_steps=0, limit_val_batches=0).fit(module, data)
@@ -129,18 +139,23 @@ def main() -> None:
     print("| piece | in | metric only | CPU s per step (steps 2+) | share of the training part | minor faults, "
           "system s per step |")
     print("|---|---|---|---:|---:|---:|")
-    later = slice(1, None) if len(train) > 1 else slice(0, None)
-    base = statistics.mean(train[later])
+    n, skip = len(train), 1 if len(train) > 1 else 0
+    varying: list[str] = []
+    base = statistics.mean(train[skip:])
     for _, _, label, parent, metric in PIECES:
-        calls = cpu.get(label, [])
-        per_step = len(calls) // max(len(train), 1) or 1
-        chunks = [sum(calls[i * per_step:(i + 1) * per_step]) for i in range(len(train))][later]
-        s = statistics.mean(chunks) if chunks else 0.0
-        flt = faults.get(label, [])[per_step * (len(train) - len(chunks)):]
-        n_steps = max(len(chunks), 1)
-        f, sy = sum(x[0] for x in flt) / n_steps, sum(x[1] for x in flt) / n_steps
+        calls, flts = cpu.get(label, []), faults.get(label, [])
+        if len(calls) % n == 0:  # the same number of calls every step: steps 2+
+            first, steps = len(calls) // n * skip, n - skip
+        else:  # a varying number of calls per step (dynamic sampling's rounds): the mean over every step
+            first, steps = 0, n
+        s = sum(calls[first:]) / steps
+        f, sy = sum(x[0] for x in flts[first:]) / steps, sum(x[1] for x in flts[first:]) / steps
         print(f"| {label} | {parent} | {'yes' if metric else ''} | {s:.4f} | {100 * s / base:.2f}% | {f:.0f}, "
               f"{sy:.2f} |")
+        if first == 0 and steps == n and calls:
+            varying.append(f"{label}: CPU s per call {[round(c, 4) for c in calls]}")
+    for line in varying:
+        print(line)
 
     # entropy: the kernel forward on the last step's inputs, with and without it (alternated)
     if captured:
