@@ -55,14 +55,14 @@ ENTROPY_BLOCK_BYTES = 1 << 22
 
 def _sum_exp_times(z: Tensor) -> Tensor:
     """``(exp(z) * z).sum(1)`` of a chunk's shifted logits ``z: [C, V]`` (fp32 or fp64; not modified), the entropy's
-    ``sum_j e^{z'_j} z'_j`` term, without allocating ``[C, V]`` temporaries.
+    ``sum_j e^{z'_j} z'_j`` term, with one buffer instead of the formula's two ``[C, V]`` temporaries.
 
     On a CPU the rows go through one reused buffer in blocks of about :data:`ENTROPY_BLOCK_BYTES` (at least 2 rows,
     a trailing single row joined to the block before it): fresh ``[C, V]`` temporaries cost a page fault per 4 KiB
     and a trip to memory per pass, more than the arithmetic (issue 31: 0.35 s per 1,024 x 49,152 chunk, now 0.07
     s). Each row is reduced alone either way, so the values equal the whole-chunk ``(exp(z) * z).sum(1)`` bit for
     bit (a block of one row is reduced by another path, hence never one row unless ``C == 1``). Elsewhere (GPU) the
-    whole chunk in one buffer (three kernels).
+    buffer is the whole ``[C, V]`` chunk (three kernels; not run on a GPU yet).
 
     Returns:
         ``[C]``, ``z``'s dtype.
@@ -108,7 +108,7 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
                     m = z.amax(1, keepdim=True)
                 z.sub_(m)  # z' = z - max, in place
                 if want_entropy:
-                    sum_pz = _sum_exp_times(z)  # sum_j e^{z'_j} z'_j, without a second [C, V] buffer
+                    sum_pz = _sum_exp_times(z)  # sum_j e^{z'_j} z'_j (one reused buffer, z untouched)
                 z.exp_()
                 sum_exp = z.sum(1)
                 del z
