@@ -7,16 +7,21 @@ tokens, ``dapo``, AdamW, one intra-op thread) and wraps the pieces of a step in 
 prints the training part (``PolicyModule.training_step``) and each wrapped piece; nested pieces are each timed whole
 (a row's seconds include the rows nested in it, see the ``in`` column).
 
-The entropy rides inside the chunked LM-head kernel's forward and cannot be wrapped apart: after training, the kernel
-is run on the last step's real inputs (its hidden states, LM head and targets) with and without ``want_entropy``,
-``--kernel-repeats`` times each, alternated, and the difference of the medians is its cost (the entropy has no
-gradient at ``entropy_coef: 0``, so the backward pass is the same either way).
+The entropy rides inside the chunked LM-head kernel's forward and cannot be wrapped apart. Its in-step cost is the
+kernel forward's seconds of a run with ``--no-entropy`` (``log_prob_and_entropy`` -> ``log_prob`` and zeros: the same
+loss, the same rollouts) subtracted from a normal run's. After training, the kernel is also run on the last step's
+inputs (hidden states, LM head, targets) with and without ``want_entropy``, ``--kernel-repeats`` times each,
+alternated (the entropy has no gradient at ``entropy_coef: 0``: the backward pass is the same either way); that
+figure's page faults depend on what the allocator holds then, so prefer the in-step one. ``--dynamic-sampling`` adds
+DAPO's dynamic sampling (as ``configs/grpo_arithmetic.yaml``) and times its bookkeeping. Results: benchmarks/README.md,
+"Metric-only work in a GRPO step".
 
-    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/grpo_metric_cost.py --steps 2
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/grpo_metric_cost.py --steps 3
+    ... benchmarks/grpo_metric_cost.py --steps 3 --no-entropy        # the entropy's in-step A/B
     # the shipped configs' micro-batching (grpo_arithmetic.yaml: 16 rows, 4 micro-batches per step):
-    ... benchmarks/grpo_metric_cost.py --steps 2 --micro-batch-size 16
+    ... benchmarks/grpo_metric_cost.py --steps 3 --micro-batch-size 16
     # the structure on the tiny test model (seconds):
-    ... benchmarks/grpo_metric_cost.py --steps 3 --model tiny
+    ... benchmarks/grpo_metric_cost.py --steps 3 --model tiny [--dynamic-sampling]
 """
 
 from __future__ import annotations
