@@ -394,7 +394,7 @@ def check_sharded_step_plan(module: Any, loader: Any) -> None:
     from lit_llm.policy.sharding import is_sharded
 
     if (not is_sharded(module.model) or not callable(getattr(loader, "epoch_plan", None))
-            or getattr(loader, "micro_batch_size", None) is None):  # GRPO's PromptBatchLoader: prompts, no micro-batches
+            or getattr(loader, "micro_batch_size", None) is None):  # GRPO: prompts, no micro-batches
         return
     m, world = loader.micro_batch_size, loader.world_size
     plans = []
