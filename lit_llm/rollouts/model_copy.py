@@ -72,21 +72,21 @@ def full_weights(source: torch.nn.Module | dict[str, Tensor], *, trainable_only:
     return out
 
 
-def _empty_like_model(model: torch.nn.Module) -> torch.nn.Module:
-    """A model of ``model``'s architecture on the meta device (no memory): the HF class of its causal LM built from
-    a copy of its config, re-wrapped with the same ``peft`` adapter configs when ``model`` is a ``PeftModel``."""
-    base = base_causal_lm(model)
+def _empty_like_model(trained: torch.nn.Module) -> torch.nn.Module:
+    """A model of ``trained``'s architecture on the meta device (no memory): the HF class of its causal LM built from
+    a copy of its config, re-wrapped with the same ``peft`` adapter configs when ``trained`` is a ``PeftModel``."""
+    base = base_causal_lm(trained)
     with torch.device("meta"):
         empty = type(base)(copy.deepcopy(base.config))
-        peft_config = getattr(model, "peft_config", None)
-        if base is not model and peft_config:
+        peft_config = getattr(trained, "peft_config", None)
+        if base is not trained and peft_config:
             from peft import get_peft_model
 
             names = list(peft_config)
             empty = get_peft_model(empty, copy.deepcopy(peft_config[names[0]]), adapter_name=names[0])
             for name in names[1:]:
                 empty.add_adapter(name, copy.deepcopy(peft_config[name]))
-            empty.set_adapter(model.active_adapter)
+            empty.set_adapter(trained.active_adapter)
     return empty
 
 
