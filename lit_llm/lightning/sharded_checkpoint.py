@@ -59,8 +59,9 @@ def checkpoint_meta(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _another_checkpoint(folder: Path, option: str) -> str:
-    """The fix's example: the newest other checkpoint (file or folder ending in ``.ckpt``) beside ``folder``."""
-    others = sorted((f for f in folder.parent.glob("*.ckpt") if f.name != folder.name),
+    """The fix's example: the newest other checkpoint (file or folder ending in ``.ckpt``, not hidden: a save's
+    temporary) beside ``folder``."""
+    others = sorted((f for f in folder.parent.glob("*.ckpt") if f.name != folder.name and not f.name.startswith(".")),
                     key=lambda f: -f.stat().st_mtime) if folder.parent.is_dir() else []
     return f" (e.g. {option} {others[0]})" if others else " (none is beside it: start a new run)"
 
