@@ -25,8 +25,7 @@ from lit_llm.lightning.rng_state import gather_rng_states, restore_rng_states
 from lit_llm.models import base_model_identity
 from lit_llm.policy.sharding import is_sharded
 
-__all__ = ["CheckpointFileError", "CheckpointHooks", "check_checkpoint_file", "check_not_a_plain_folder",
-           "weights_only_message"]
+__all__ = ["CheckpointFileError", "CheckpointHooks", "check_checkpoint_file", "check_not_a_plain_folder"]
 
 
 class CheckpointHooks:
@@ -315,17 +314,26 @@ def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type |
     if p.is_dir():
         from lightning.fabric.strategies.deepspeed import _is_deepspeed_checkpoint
 
-        from lit_llm.lightning.sharded_checkpoint import check_distributed_checkpoint, looks_like_distributed_checkpoint
+        from lit_llm.lightning.sharded_checkpoint import (
+            DamagedCheckpointError,
+            check_distributed_checkpoint,
+            looks_like_distributed_checkpoint,
+        )
 
         if _is_deepspeed_checkpoint(p):
             return {}
         if not looks_like_distributed_checkpoint(p):
             check_not_a_plain_folder(p, option, str(path))
             return {}
-        meta = check_distributed_checkpoint(path, option=option, resumable=resumable)
+        try:
+            meta, optimizer_saved = check_distributed_checkpoint(path, option=option)
+        except DamagedCheckpointError as e:
+            raise CheckpointFileError(str(e)) from None
         hparams = dict(meta.get("hyper_parameters") or {})
         if expected_module is not None:
             _check_module(path, hparams, expected_module, option)
+        if resumable and not optimizer_saved:
+            raise CheckpointFileError(_weights_only_message(option, path))
         return hparams
     if not p.exists():
         raise FileNotFoundError(f"{option} {path}: no such file; give a .ckpt written by lit-llm fit (e.g. "
@@ -369,11 +377,11 @@ def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type |
     if expected_module is not None:
         _check_module(path, hparams, expected_module, option)
     if resumable and "optimizer_states" not in ckpt:
-        raise CheckpointFileError(weights_only_message(option, path))
+        raise CheckpointFileError(_weights_only_message(option, path))
     return hparams
 
 
-def weights_only_message(option: str, path: Any) -> str:
+def _weights_only_message(option: str, path: Any) -> str:
     """The one line refusing to ``fit``-resume from a checkpoint without optimizer state."""
     return (f"{option} {path}: this is a weights-only checkpoint (written with checkpoint.save_weights_only true): it "
             f"has no optimizer state, so fit cannot resume from it. Resume from a full checkpoint "

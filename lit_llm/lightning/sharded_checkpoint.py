@@ -17,8 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_distributed_checkpoint", "check_strategy_reads_it", "checkpoint_file", "checkpoint_meta",
-           "consolidate_checkpoint", "is_distributed_checkpoint", "looks_like_distributed_checkpoint"]
+from lit_llm.cli_errors import CLIConfigError
+
+__all__ = ["DamagedCheckpointError", "check_distributed_checkpoint", "check_strategy_reads_it", "checkpoint_file",
+           "checkpoint_meta", "consolidate_checkpoint", "is_distributed_checkpoint",
+           "looks_like_distributed_checkpoint"]
 
 #: The files of a distributed checkpoint folder besides the ``.distcp`` shards (Lightning's ``_METADATA_FILENAME``
 #: and ``torch.distributed.checkpoint``'s index).
@@ -30,6 +33,10 @@ def is_distributed_checkpoint(path: str | os.PathLike) -> bool:
     ``.metadata`` in it)."""
     p = Path(path)
     return p.is_dir() and (p / "meta.pt").is_file() and (p / ".metadata").is_file()
+
+
+class DamagedCheckpointError(CLIConfigError):
+    """A damaged distributed checkpoint folder (:func:`check_distributed_checkpoint`; one line, a ``ValueError``)."""
 
 
 def looks_like_distributed_checkpoint(path: str | os.PathLike) -> bool:
@@ -66,8 +73,8 @@ def _another_checkpoint(folder: Path, option: str) -> str:
     return f" (e.g. {option} {others[0]})" if others else " (none is beside it: start a new run)"
 
 
-def check_distributed_checkpoint(path: str | os.PathLike, *, option: str = "--ckpt_path",
-                                 resumable: bool = False) -> dict[str, Any]:
+def check_distributed_checkpoint(path: str | os.PathLike, *,
+                                 option: str = "--ckpt_path") -> tuple[dict[str, Any], bool]:
     """Check a distributed checkpoint folder cheaply before anything reads its shards, so that a damaged one is one
     line naming the file: ``meta.pt`` and ``.metadata`` present, ``.metadata`` readable, every ``.distcp`` file it
     names present and at least as long as the bytes it indexes in it (sizes only: no shard is read), ``meta.pt``
@@ -76,25 +83,22 @@ def check_distributed_checkpoint(path: str | os.PathLike, *, option: str = "--ck
     Args:
         path: the folder (named in the message as given).
         option: the option named in the message.
-        resumable: ``fit`` resumes from it: a folder without optimizer state (``checkpoint.save_weights_only``) is
-            refused.
 
     Returns:
-        ``meta.pt``'s contents (:func:`checkpoint_meta`).
+        ``(meta, optimizer_saved)``: ``meta.pt``'s contents (:func:`checkpoint_meta`) and whether ``.metadata``
+        indexes optimizer state (``optimizer_<i>`` entries; none: written with ``checkpoint.save_weights_only``).
 
     Raises:
-        CheckpointFileError: one line, ``"<option> <path>: a damaged sharded checkpoint folder: <file> is missing |
-            cannot be read | is truncated (...). Fix: give another checkpoint (e.g. <option> <the newest other
-            .ckpt beside it>) ..."``, or the weights-only line with ``resumable``.
+        DamagedCheckpointError: one line, ``"<option> <path>: a damaged sharded checkpoint folder: <file> is
+            missing | cannot be read | is truncated (...). Fix: give another checkpoint (e.g. <option> <the newest
+            other .ckpt beside it>) ..."``.
     """
     from torch.distributed.checkpoint import FileSystemReader
 
-    from lit_llm.lightning.checkpointing import CheckpointFileError, weights_only_message
-
     folder = Path(path).expanduser()
 
-    def damaged(what: str) -> CheckpointFileError:
-        return CheckpointFileError(
+    def damaged(what: str) -> DamagedCheckpointError:
+        return DamagedCheckpointError(
             f"{option} {path}: a damaged sharded checkpoint folder: {what}. Fix: give another checkpoint"
             f"{_another_checkpoint(folder, option)}; this folder cannot be read (a save that did not finish, "
             f"or a copy that lost files).")
@@ -129,9 +133,7 @@ def check_distributed_checkpoint(path: str | os.PathLike, *, option: str = "--ck
                       f"{str(e).splitlines()[0] if str(e) else ''})") from None
     if not isinstance(meta, dict):
         raise damaged(f"meta.pt holds a {type(meta).__name__}, not a checkpoint's dict")
-    if resumable and not any(k.startswith("optimizer_") for k in index.state_dict_metadata):
-        raise CheckpointFileError(weights_only_message(option, path))
-    return meta
+    return meta, any(k.startswith("optimizer_") for k in index.state_dict_metadata)
 
 
 def check_strategy_reads_it(path: str | os.PathLike, *, sharded: bool, subcommand: str) -> None:
@@ -146,7 +148,7 @@ def check_strategy_reads_it(path: str | os.PathLike, *, sharded: bool, subcomman
         subcommand: ``fit`` or ``validate``, named in the message.
 
     Raises:
-        CheckpointFileError: a damaged folder (:func:`check_distributed_checkpoint`).
+        DamagedCheckpointError: a damaged folder (:func:`check_distributed_checkpoint`).
         ValueError: one line naming the folder, the strategy options to give (the world size that wrote it: one
             ``.distcp`` file per process; another one also reads it: ``torch.distributed.checkpoint`` reshards on
             load) and ``lit-llm export`` (weights only: a new run, not a resume).
