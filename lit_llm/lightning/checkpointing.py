@@ -285,9 +285,12 @@ def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type |
     file has none) and the checkpoint's top-level keys with ``torch.load(mmap=True)`` (no tensor data is read).
 
     Args:
-        path: the ``--ckpt_path`` file. A sharded FSDP / model-parallel / DeepSpeed checkpoint folder (Lightning's
-            own heuristics: a ``meta.pt`` file, a ``checkpoint/`` sub-folder) is returned as ``{}`` unchecked: the
-            strategies read it; any other folder is refused (:func:`check_not_a_plain_folder`).
+        path: the ``--ckpt_path`` file. A distributed checkpoint folder (``ModelParallelStrategy`` / FSDP: one
+            that :func:`~lit_llm.lightning.sharded_checkpoint.looks_like_distributed_checkpoint`) is checked by
+            :func:`~lit_llm.lightning.sharded_checkpoint.check_distributed_checkpoint` (files present and whole,
+            no shard read) and its ``meta.pt``'s hyper-parameters checked and returned as a file's are; a DeepSpeed
+            folder (a ``checkpoint/`` sub-folder) is returned as ``{}`` unchecked; any other folder is refused
+            (:func:`check_not_a_plain_folder`).
         expected_module: the run's module (a class or its class path, e.g. ``model.class_path``); a checkpoint
             written by another module class is refused. Checkpoints without a recorded class (written outside
             ``lit-llm fit``) are refused when their hyperparameters are not options of ``expected_module`` (or of one
@@ -300,7 +303,8 @@ def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type |
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CheckpointFileError: a folder that is not a sharded checkpoint (the ``.ckpt`` in it named), an empty file,
+        CheckpointFileError: a folder that is not a sharded checkpoint (the ``.ckpt`` in it named), a damaged
+            distributed checkpoint folder (the file named), an empty file,
             a truncated one, a file that is not a torch checkpoint (a safetensors file is named as such), a torch
             file that is not a Lightning checkpoint (no ``state_dict``), a weights-only checkpoint with
             ``resumable``, another module's checkpoint. The message is one line:
@@ -308,8 +312,29 @@ def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type |
     """
     p = Path(path).expanduser()
     if p.is_dir():
-        check_not_a_plain_folder(p, option, str(path))
-        return {}
+        from lightning.fabric.strategies.deepspeed import _is_deepspeed_checkpoint
+
+        from lit_llm.lightning.sharded_checkpoint import (
+            DamagedCheckpointError,
+            check_distributed_checkpoint,
+            looks_like_distributed_checkpoint,
+        )
+
+        if _is_deepspeed_checkpoint(p):
+            return {}
+        if not looks_like_distributed_checkpoint(p):
+            check_not_a_plain_folder(p, option, str(path))
+            return {}
+        try:
+            meta, optimizer_saved = check_distributed_checkpoint(path, option=option)
+        except DamagedCheckpointError as e:
+            raise CheckpointFileError(str(e)) from None
+        hparams = dict(meta.get("hyper_parameters") or {})
+        if expected_module is not None:
+            _check_module(path, hparams, expected_module, option)
+        if resumable and not optimizer_saved:
+            raise CheckpointFileError(_weights_only_message(option, path))
+        return hparams
     if not p.exists():
         raise FileNotFoundError(f"{option} {path}: no such file; give a .ckpt written by lit-llm fit (e.g. "
                                 f"<run dir>/checkpoints/last.ckpt) or {option} last.")
@@ -352,12 +377,16 @@ def check_checkpoint_file(path: str | os.PathLike, expected_module: str | type |
     if expected_module is not None:
         _check_module(path, hparams, expected_module, option)
     if resumable and "optimizer_states" not in ckpt:
-        raise CheckpointFileError(
-            f"{option} {path}: this is a weights-only checkpoint (written with checkpoint.save_weights_only "
-            f"true): it has no optimizer state, so fit cannot resume from it. Resume from a full checkpoint "
+        raise CheckpointFileError(_weights_only_message(option, path))
+    return hparams
+
+
+def _weights_only_message(option: str, path: Any) -> str:
+    """The one line refusing to ``fit``-resume from a checkpoint without optimizer state."""
+    return (f"{option} {path}: this is a weights-only checkpoint (written with checkpoint.save_weights_only true): it "
+            f"has no optimizer state, so fit cannot resume from it. Resume from a full checkpoint "
             f"(checkpoint.save_weights_only false, the default), or start a new run from these weights: lit-llm "
             f"export --ckpt_path {path} --out DIR, then fit with --model.init_args.model DIR.")
-    return hparams
 
 
 def check_not_a_plain_folder(folder: Path, option: str = "--ckpt_path", shown: str | None = None) -> None:

@@ -241,15 +241,15 @@ def _move_into_place(tmp: Path, target: Path) -> None:
 
 def _check_checkpoint_file(ckpt: Path, who: str, option: str) -> None:
     from lit_llm.lightning.checkpointing import CheckpointFileError, check_checkpoint_file, check_not_a_plain_folder
-    from lit_llm.lightning.sharded_checkpoint import is_distributed_checkpoint
+    from lit_llm.lightning.sharded_checkpoint import looks_like_distributed_checkpoint
 
     if ckpt.is_dir():  # one line naming the folder (and the .ckpt in it), not "not found"
-        if is_distributed_checkpoint(ckpt):  # sharded training's folder: consolidated where it is loaded
-            return
+        if looks_like_distributed_checkpoint(ckpt):  # sharded training's folder: checked here (a damaged one is one
+            check_checkpoint_file(ckpt, "lit_llm.lightning.module.PolicyModule", option=option)  # line), then
+            return  # consolidated where it is loaded
         check_not_a_plain_folder(ckpt, option)
-        raise CheckpointFileError(f"{option} {ckpt}: a sharded checkpoint folder; {who} reads one .ckpt file: "
-                                  f"consolidate it first (python -m lightning.pytorch.utilities.consolidate_checkpoint "
-                                  f"{ckpt} for FSDP, DeepSpeed's zero_to_fp32.py).")
+        raise CheckpointFileError(f"{option} {ckpt}: a DeepSpeed checkpoint folder; {who} reads one .ckpt file: "
+                                  f"consolidate it first (DeepSpeed's zero_to_fp32.py).")
     if not ckpt.is_file():
         raise FileNotFoundError(f"{who}: checkpoint {str(ckpt)!r} not found; pass {option} "
                                 f"<run dir>/checkpoints/last.ckpt (or another .ckpt written by lit-llm fit).")

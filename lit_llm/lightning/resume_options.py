@@ -227,14 +227,18 @@ def saved_run_options(ckpt_path: str | os.PathLike) -> dict[str, Any]:
     """What a ``lit-llm fit`` checkpoint records of the run besides the module's options: ``{"data": the data
     module's hyper-parameters, "seed_everything": the global seed}`` (each left out when the checkpoint lacks it:
     written by a plain Trainer, or before the seed was recorded by :class:`~lit_llm.lightning.cli.LitLLMSaveConfig`).
-    Read with ``torch.load(mmap=True)`` (no tensor data is read); a sharded checkpoint folder gives ``{}``."""
+    Read with ``torch.load(mmap=True)`` (no tensor data is read); of a sharded checkpoint folder, its ``meta.pt``
+    (:func:`~lit_llm.lightning.sharded_checkpoint.checkpoint_meta`: no shard read)."""
     import zipfile
 
     import torch
 
+    from lit_llm.lightning.sharded_checkpoint import checkpoint_meta
+
     if os.path.isdir(ckpt_path):
-        return {}
-    ckpt = torch.load(str(ckpt_path), map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(ckpt_path))
+        ckpt = checkpoint_meta(ckpt_path) if os.path.isfile(os.path.join(ckpt_path, "meta.pt")) else {}
+    else:
+        ckpt = torch.load(str(ckpt_path), map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(ckpt_path))
     out: dict[str, Any] = {}
     if ckpt.get("datamodule_hyper_parameters"):
         out["data"] = dict(ckpt["datamodule_hyper_parameters"])

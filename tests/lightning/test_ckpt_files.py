@@ -150,17 +150,16 @@ def test_a_folder_names_the_ckpt_file_in_it(tmp_path):
                             f"(<run dir>/checkpoints/last.ckpt) or --ckpt_path last.")
 
 
-def test_sharded_checkpoint_folders_pass_to_lightning_but_not_to_export(tmp_path):
-    fsdp, deepspeed = tmp_path / "fsdp.ckpt", tmp_path / "ds.ckpt"
+def test_deepspeed_folders_pass_to_lightning_but_not_to_export(tmp_path):
+    """A DeepSpeed folder (Lightning's mark: a ``checkpoint/`` sub-folder) is left to the strategy; export refuses it.
+    A distributed checkpoint folder (``meta.pt``) is checked: tests/lightning/test_sharded_folder_checks.py."""
+    deepspeed = tmp_path / "ds.ckpt"
     (deepspeed / "checkpoint").mkdir(parents=True)
-    fsdp.mkdir()
-    (fsdp / "meta.pt").write_bytes(b"")  # Lightning's marks: FSDP's meta.pt, DeepSpeed's checkpoint/ folder
-    assert check_checkpoint_file(fsdp) == {} and check_checkpoint_file(deepspeed) == {}
+    assert check_checkpoint_file(deepspeed) == {}
     with pytest.raises(CheckpointFileError) as e:
-        _export_check(fsdp)
-    assert str(e.value) == (f"--ckpt_path {fsdp}: a sharded checkpoint folder; lit-llm export reads one .ckpt file: "
-                            f"consolidate it first (python -m lightning.pytorch.utilities.consolidate_checkpoint "
-                            f"{fsdp} for FSDP, DeepSpeed's zero_to_fp32.py).")
+        _export_check(deepspeed)
+    assert str(e.value) == (f"--ckpt_path {deepspeed}: a DeepSpeed checkpoint folder; lit-llm export reads one .ckpt "
+                            f"file: consolidate it first (DeepSpeed's zero_to_fp32.py).")
 
 
 def _export_check(path: Path) -> None:

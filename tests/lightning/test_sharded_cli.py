@@ -5,6 +5,7 @@ in process (``main``), before any process is launched."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,11 +97,26 @@ def test_bare_model_parallel_on_two_devices_is_one_line_naming_both_sizes(tmp_pa
 
 def sharded_folder(tmp_path: Path, ranks: int = 2) -> Path:
     """A distributed checkpoint folder as ModelParallelStrategy writes it: ``meta.pt``, ``.metadata``, one
-    ``__<rank>_0.distcp`` per process (stand-ins: only the names are read)."""
+    ``__<rank>_0.distcp`` per process (written by one process, one file per entry, renamed as ``ranks`` processes
+    name them: the folder check reads ``.metadata`` and the file sizes, the strategy refusal counts the files)."""
+    import torch.distributed.checkpoint as dcp
+
     folder = tmp_path / "last.ckpt"
-    folder.mkdir()
-    for name in ["meta.pt", ".metadata", *(f"__{r}_0.distcp" for r in range(ranks))]:
-        (folder / name).write_bytes(b"")
+    state = {"state_dict": {f"w{r}": torch.ones(2) for r in range(ranks)}}
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(folder, single_file_per_rank=False), no_dist=True)
+    index = dcp.FileSystemReader(folder).read_metadata()
+    for info in index.storage_data.values():  # __0_<r>.distcp -> __<r>_0.distcp
+        r = info.relative_path.removeprefix("__0_").removesuffix(".distcp")
+        (folder / info.relative_path).rename(folder / f"__{r}_0.distcp.tmp")
+        info.relative_path = f"__{r}_0.distcp"
+    for f in folder.glob("*.tmp"):
+        f.rename(f.with_suffix(""))
+    with (folder / ".metadata").open("wb") as f:
+        pickle.dump(index, f)
+    torch.save({"hyper_parameters": {"_class_path": "lit_llm.lightning.SFTModule", "model": "tiny"}},
+               folder / "meta.pt")
+    assert sorted(p.name for p in folder.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(ranks)]
     return folder
 
 
@@ -109,13 +125,16 @@ def test_sharded_folder_without_the_sharded_strategy_is_one_line(subcommand, tmp
     folder = sharded_folder(tmp_path)
     then = ("--model.init_args.model DIR (its weights in a new run, not a resume)" if subcommand == "fit"
             else "--model.init_args.model DIR")
+    other = ("another count also resumes, but with other batches per step and the generator states not restored"
+             if subcommand == "fit" else "another count reads it too")
     with pytest.raises(ValueError) as e:
         main([subcommand, "--config", SFT, "--ckpt_path", str(folder), "--trainer.default_root_dir", str(tmp_path)])
     assert str(e.value) == (
         f"--ckpt_path {folder}: a sharded checkpoint (a distributed checkpoint folder written by 2 processes under "
         f"--trainer.strategy ModelParallelStrategy), which {subcommand} reads only under that strategy. Fix: "
-        f"{subcommand} with the options it was written with (--trainer.strategy ModelParallelStrategy {DP} 2 {TP} 1 "
-        f"--trainer.devices 2), or `lit-llm export --ckpt_path {folder} --out DIR` first and {subcommand} {then}.")
+        f"{subcommand} under it (--trainer.strategy ModelParallelStrategy {DP} 2 {TP} 1 --trainer.devices 2: the "
+        f"processes that wrote it; {other}), or `lit-llm export --ckpt_path {folder} --out DIR` first and "
+        f"{subcommand} {then}.")
     check_strategy_reads_it(folder, sharded=True, subcommand=subcommand)  # the sharded strategy reads it
     check_strategy_reads_it(tmp_path / "missing.ckpt", sharded=False, subcommand=subcommand)  # not a folder: later
 
