@@ -7,17 +7,22 @@ file-system change, for every N."""
 from __future__ import annotations
 
 import os
+import signal
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 from lit_llm.lightning import sharded_save
+from lit_llm.lightning.callbacks import StepCheckpoint
 from lit_llm.lightning.cli import last_checkpoint
+from lit_llm.lightning.graceful_stop import GracefulStop, stop_exit_code
 from lit_llm.lightning.sharded_checkpoint import consolidate_checkpoint
 from lit_llm.lightning.sharded_save import (
     remove_checkpoint,
@@ -239,3 +244,100 @@ def test_swaps_under_model_parallel_on_local_paths_only(tmp_path):
     assert swaps(ModelParallelStrategy(), tmp_path / "last.ckpt")
     assert not swaps(ModelParallelStrategy(), "s3://bucket/last.ckpt")
     assert not swaps(DDPStrategy(), tmp_path / "last.ckpt")
+
+
+class _Sharded(LightningModule):
+    """One FSDP2-sharded ``Linear`` trained with SGD on random rows; ``sigterm_at``: the step whose training step
+    sends this process ``SIGTERM``."""
+
+    def __init__(self, sigterm_at: int | None = None) -> None:
+        super().__init__()
+        self.layer, self.sigterm_at = torch.nn.Linear(4, 4), sigterm_at
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(self.layer, mesh=self.device_mesh["data_parallel"])
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step + 1 == self.sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.layer(batch).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=2)
+
+
+def _fit(root: Path, max_steps: int, ckpt_path: str | None = None, sigterm_at: int | None = None) -> Trainer:
+    """``fit`` under a one-process ``ModelParallelStrategy`` with a ``StepCheckpoint`` saving every step (top 1 and
+    ``last.ckpt``) and the modules' ``GracefulStop``."""
+    checkpoint = StepCheckpoint(dirpath=root / "checkpoints", filename="{step}", every_n_train_steps=1, save_last=True)
+    trainer = Trainer(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(1, 1), max_steps=max_steps,
+                      callbacks=[checkpoint, GracefulStop()], logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=root)
+    try:
+        trainer.fit(_Sharded(sigterm_at), ckpt_path=ckpt_path)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return trainer
+
+
+@pytest.fixture
+def swapped(monkeypatch):
+    """The ``(target name, global_step in its meta.pt)`` of each swap :class:`StepCheckpoint` makes; ``kill_at``:
+    the index of the swap that raises :class:`Killed` instead (the staging folder then written, not swapped)."""
+    record, real = SimpleNamespace(calls=[], kill_at=None), sharded_save.swap_in
+
+    def swap_in(staging, target):
+        record.calls.append((Path(target).name, _step_of(Path(staging))))
+        if len(record.calls) - 1 == record.kill_at:
+            raise Killed
+        real(staging, target)
+
+    monkeypatch.setattr(sharded_save, "swap_in", swap_in)
+    return record
+
+
+def _step_of(folder: Path) -> int:
+    return torch.load(folder / "meta.pt", weights_only=False)["global_step"]
+
+
+def test_step_checkpoint_swaps_every_save_of_a_model_parallel_fit(tmp_path, swapped):
+    ckpts = tmp_path / "checkpoints"
+    trainer = _fit(tmp_path, 3)
+    assert swapped.calls == [("step=1.ckpt", 1), ("last.ckpt", 1), ("step=2.ckpt", 2), ("last.ckpt", 2),
+                       ("step=3.ckpt", 3), ("last.ckpt", 3)]
+    # the top-1 step=N.ckpt folders before the last one removed (renamed away first), no staging folder left
+    assert sorted(os.listdir(ckpts)) == ["last.ckpt", "step=3.ckpt"]
+    assert trainer.checkpoint_callback.last_model_path == str(ckpts / "last.ckpt")
+    for name in ("last.ckpt", "step=3.ckpt"):
+        assert sorted(p.name for p in (ckpts / name).iterdir()) == [".metadata", "__0_0.distcp", "meta.pt"]
+        assert _step_of(ckpts / name) == 3
+
+
+def test_a_fit_killed_while_swapping_last_in_resumes_from_the_previous_one(tmp_path, swapped):
+    ckpts = tmp_path / "checkpoints"
+    swapped.kill_at = 5  # step 3's last.ckpt
+    with pytest.raises(Killed):
+        _fit(tmp_path, 3)
+    assert sorted(os.listdir(ckpts)) == [".last.ckpt.saving", "last.ckpt", "step=3.ckpt"]
+    assert last_checkpoint(ckpts) == str(ckpts / "last.ckpt") and _step_of(ckpts / "last.ckpt") == 2
+    swapped.kill_at = None
+    trainer = _fit(tmp_path, 4, ckpt_path=last_checkpoint(ckpts))
+    assert trainer.global_step == 4
+    # step 3 again (Lightning names it step=3-v1.ckpt beside the killed run's step=3.ckpt, which it keeps: not its own)
+    assert swapped.calls[6:] == [("step=3-v1.ckpt", 3), ("last.ckpt", 3), ("step=4.ckpt", 4), ("last.ckpt", 4)]
+    assert sorted(os.listdir(ckpts)) == ["last.ckpt", "step=3.ckpt", "step=4.ckpt"]  # the staging folder swept
+
+
+def test_a_graceful_stop_swaps_its_last_checkpoint_in(tmp_path, swapped):
+    trainer = _fit(tmp_path, 4, sigterm_at=2)
+    assert stop_exit_code(trainer) == 143 and trainer.global_step == 2
+    # GracefulStop's save at step 2 replaced the every-step one's step-1 last.ckpt (the step's own save then skipped)
+    assert swapped.calls == [("step=1.ckpt", 1), ("last.ckpt", 1), ("last.ckpt", 2)]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["last.ckpt", "step=1.ckpt"]
+    assert _step_of(tmp_path / "checkpoints" / "last.ckpt") == 2
