@@ -77,8 +77,9 @@ def save_replacing(strategy: Any, filepath: str | os.PathLike, save: Callable[[s
         ``filepath`` as a :class:`~pathlib.Path`.
 
     Raises:
-        OSError: rank 0 could not swap the checkpoint in (its own error on rank 0; one line naming the path on the
-            other ranks); the previous checkpoint is left as the module docstring says.
+        OSError: rank 0 could not swap the checkpoint in (its own error on rank 0; one line naming the paths on
+            the other ranks); ``filepath`` then holds the previous or the new checkpoint, complete, or where it is
+            missing :func:`replaced_path` holds the previous one.
     """
     target = Path(strategy.broadcast(str(filepath)))
     staging = staging_path(target)
@@ -96,7 +97,8 @@ def save_replacing(strategy: Any, filepath: str | os.PathLike, save: Callable[[s
         if error is not None:
             raise error
         raise OSError(f"{target}: global rank 0 could not swap the new checkpoint in from {staging} (its error is "
-                      f"in rank 0's output); the previous checkpoint, if any, is left in place.")
+                      f"in rank 0's output); the last complete checkpoint is {target}, or {replaced_path(target)} "
+                      f"where that is missing.")
     return target
 
 

@@ -219,8 +219,9 @@ def test_a_failed_swap_is_an_error_on_every_rank_and_leaves_the_previous_folder(
     with pytest.raises(OSError) as e:
         save_replacing(other, ckpts / "last.ckpt", lambda path: None)
     assert str(e.value) == (f"{ckpts / 'last.ckpt'}: global rank 0 could not swap the new checkpoint in from "
-                            f"{ckpts / '.last.ckpt.saving'} (its error is in rank 0's output); the previous "
-                            f"checkpoint, if any, is left in place.")
+                            f"{ckpts / '.last.ckpt.saving'} (its error is in rank 0's output); the last complete "
+                            f"checkpoint is {ckpts / 'last.ckpt'}, or {ckpts / '.last.ckpt.replaced'} where that is "
+                            f"missing.")
 
 
 def test_remove_checkpoint_renames_away_first(tmp_path, monkeypatch):
