@@ -1,14 +1,17 @@
-"""Callbacks: generated validation samples, logged as text (console + ``samples.csv``) and as a wandb table."""
+"""Callbacks: :class:`StepCheckpoint` (the CLI's checkpoints) and generated validation samples, logged as text
+(console + ``samples.csv``) and as a wandb table."""
 
 from __future__ import annotations
 
 from typing import Any
+from weakref import proxy
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_llm.lightning.sharded_save import remove_checkpoint, save_replacing, swaps
 from lit_llm.lightning.tables import append_csv, log_table
 from lit_llm.policy.sharding import is_sharded
 
@@ -36,8 +39,11 @@ class StepCheckpoint(ModelCheckpoint):
     ``--ckpt_path last`` would redo them. When an evaluation is due at a save step, the save waits for it (Lightning
     saves the checkpoint before the evaluation otherwise, and a run resumed from it skips that evaluation). The
     ``{step}`` / ``{epoch}`` of a file name are the trainer's optimizer steps done and epoch of the step just done
-    (:meth:`_monitor_candidates`), so ``step=N`` holds ``global_step`` N. Same arguments as
-    :class:`~lightning.pytorch.callbacks.ModelCheckpoint`.
+    (:meth:`_monitor_candidates`), so ``step=N`` holds ``global_step`` N. Under ``ModelParallelStrategy`` every
+    save (every-N-steps, top-k, ``last.ckpt``, :class:`~lit_llm.lightning.graceful_stop.GracefulStop`'s) writes the
+    checkpoint folder beside its place and swaps it in, and a removal renames it away first, so a killed process
+    never leaves a half-written folder under a checkpoint's name (:mod:`lit_llm.lightning.sharded_save`). Same
+    arguments as :class:`~lightning.pytorch.callbacks.ModelCheckpoint`.
     """
 
     _train_ended = False
@@ -61,6 +67,28 @@ class StepCheckpoint(ModelCheckpoint):
         if not self._train_ended:
             candidates["epoch"] = torch.tensor(trainer.current_epoch)
         return candidates
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        """Lightning's, except under ``ModelParallelStrategy``: the checkpoint is written into a sibling staging
+        folder and swapped in at ``filepath`` once every rank has written it
+        (:func:`~lit_llm.lightning.sharded_save.save_replacing`); the loggers hear of it after the swap."""
+        if not swaps(trainer.strategy, filepath):
+            super()._save_checkpoint(trainer, filepath)
+            return
+        save_replacing(trainer.strategy, filepath, lambda path: trainer.save_checkpoint(path, self.save_weights_only))
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    def _remove_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        """Lightning's (the strategy removes it on rank 0), except under ``ModelParallelStrategy``: the folder is
+        renamed to its staging name first (:func:`~lit_llm.lightning.sharded_save.remove_checkpoint`)."""
+        if not swaps(trainer.strategy, filepath):
+            super()._remove_checkpoint(trainer, filepath)
+        elif trainer.is_global_zero:
+            remove_checkpoint(filepath)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -72,10 +72,10 @@ from lit_llm.lightning.resume_options import check_resume_options, check_run_opt
 from lit_llm.lightning.run_folders import remove_unused_log_dirs
 from lit_llm.lightning.sharded_checkpoint import check_strategy_reads_it
 from lit_llm.lightning.sharded_options import check_model_parallel_sizes, is_model_parallel, resolve_strategy_config
+from lit_llm.lightning.sharded_save import replaced_checkpoints, warn_resuming_from_replaced
 
 __all__ = ["CONFIG_ERRORS", "EXTRA_COMMANDS", "USER_ERRORS", "LitLLMArgumentParser", "LitLLMCLI", "LitLLMSaveConfig",
-           "checkpoint_dir", "default_loggers", "last_checkpoint", "main", "route_optimizer_options",
-           "run_console"]
+           "checkpoint_dir", "default_loggers", "last_checkpoint", "main", "route_optimizer_options", "run_console"]
 
 # Manual optimisation is deliberate (see lit_llm.lightning.module); a step-N checkpoint holds the weights after N steps.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -174,12 +174,12 @@ LAST_NAME = re.compile(rf"{re.escape(StepCheckpoint.CHECKPOINT_NAME_LAST)}(-v?\d
 
 def last_checkpoint(dirpath: str | os.PathLike) -> str | None:
     """The file ``--ckpt_path last`` resumes from: the newest of ``last.ckpt`` / ``last-vN.ckpt`` / ``last-N.ckpt`` in
-    ``dirpath`` (Lightning's ``ModelCheckpoint`` names, :data:`LAST_NAME`), ``None`` when there is none
-    (``step=3-last.ckpt`` or ``blast.ckpt`` are not one)."""
-    if not os.path.isdir(dirpath):
-        return None
-    found = [os.path.join(dirpath, n) for n in os.listdir(dirpath) if LAST_NAME.fullmatch(n)]
-    return max(found, key=os.path.getmtime) if found else None
+    ``dirpath`` (Lightning's names, :data:`LAST_NAME`; not ``step=3-last.ckpt``, ``blast.ckpt``), or a missing one's
+    ``.last.ckpt.replaced`` (a sharded save killed mid-swap; warned: :mod:`~.sharded_save`); ``None`` when none."""
+    names = os.listdir(dirpath) if os.path.isdir(dirpath) else []
+    found = [os.path.join(dirpath, n) for n in names if LAST_NAME.fullmatch(n)]
+    found += replaced_checkpoints(dirpath, LAST_NAME.fullmatch)
+    return warn_resuming_from_replaced(max(found, key=os.path.getmtime)) if found else None
 
 
 def _init_args(section: Any) -> dict[str, Any]:

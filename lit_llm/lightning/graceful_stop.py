@@ -15,8 +15,13 @@ training:
    step still runs (after the checkpoint), as in an uninterrupted run;
 3. ``lit-llm fit`` then exits with status **143** after ``SIGTERM`` and **130** after ``SIGINT`` (``128 + signal``, what
    a shell reports for a process killed by that signal; :func:`stop_exit_code`), never 0;
-4. a **second** signal exits at once: the process kills itself with that signal (default action; checkpoints are
-   written atomically by Lightning, so none is left half-written), after killing the DDP ranks it launched.
+4. a **second** signal exits at once: the process kills itself with that signal (default action), after killing the
+   DDP ranks it launched. A save it interrupts never leaves a half-written checkpoint under a checkpoint's name: a
+   single-file checkpoint is written to a temporary file and renamed (Lightning), and a sharded checkpoint folder
+   (``ModelParallelStrategy``) is written beside its place and swapped in by the CLI's
+   :class:`~lit_llm.lightning.callbacks.StepCheckpoint` (:mod:`lit_llm.lightning.sharded_save`), so the previous
+   complete checkpoint stays (a ``ModelCheckpoint`` of your own under that strategy rewrites its folders in place:
+   Lightning's behaviour).
 
 Lightning's own ``SIGTERM`` handling (``_SignalConnector``: sets ``trainer.received_sigterm``, which makes its loops
 raise ``SIGTERMException`` after the batch: a ``SystemExit`` with status 0, loggers finalized as failed, no checkpoint;
@@ -114,7 +119,8 @@ class GracefulStop(Callback):
             _say(f"{rank}lit-llm: {name} received: stopping after the current optimizer step and writing last.ckpt "
                  f"(exit status {128 + signum}); send it again to exit at once.")
             return
-        _say(f"{rank}lit-llm: second {name}: exiting at once (checkpoints already written are complete).")
+        _say(f"{rank}lit-llm: second {name}: exiting at once (a checkpoint being written is dropped; the last "
+             f"complete one stays).")
         launcher = getattr(getattr(trainer, "strategy", None), "launcher", None)
         if launcher is not None:  # the DDP ranks this process started would wait for it forever
             launcher.kill(signal.SIGKILL)

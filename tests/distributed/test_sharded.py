@@ -6,7 +6,8 @@ real ``lit-llm`` CLI and the tiny model (fp32):
   filled from rank 0 in ``configure_model`` (the line it prints), rank 0 loads them (the same losses therefore check
   rank 1's filled weights and rotary buffers); the same losses, KL, gradient norms, validation loss and final
   weights, to fp32 reduction-order tolerance; its distributed checkpoint folder exported to one HF folder; a run
-  stopped after step 2 and resumed from its ``last.ckpt`` folder (``--ckpt_path last``): the same steps 3-4;
+  stopped after step 2 and resumed from its ``last.ckpt`` folder (``--ckpt_path last``): the same steps 3-4, and no
+  staging folder (``lit_llm.lightning.sharded_save``) left behind;
 * GRPO (sync rollouts) with LoRA and a KL reference (adapters disabled), rank 0 stopping every completion at its
   first token and rank 1 never stopping (tests/distributed/ddp_probe.py's ``skew_generation``): generation of
   different lengths on the two ranks does not deadlock; its LoRA checkpoint folder resumed for a third step in
@@ -123,6 +124,11 @@ def test_sharded_resume_from_last_folder_repeats_steps_three_and_four(runs):
             [s["sample_ids"] for s in sharded.ranks[r]["steps"][2:]]
     assert resumed.metrics("train/loss", version=1) == pytest.approx(sharded.metrics("train/loss")[2:], rel=1e-6)
     assert resumed.ranks[0]["final_hash"] == sharded.ranks[0]["final_hash"]
+    # every save (and top-1 removal) went through a staging folder swapped in by rank 0: none is left behind
+    for run in (sharded, resumed):
+        names = sorted(p.name for p in (run.root / "checkpoints").iterdir())
+        assert "last.ckpt" in names and [n for n in names if n.startswith(".")] == [], names
+        assert "Detected an existing checkpoint" not in run.output  # torch's warning when a folder is rewritten
 
 
 @pytest.mark.timeout(600)

@@ -144,7 +144,8 @@ def test_a_second_sigterm_exits_at_once_while_a_reward_function_hangs(tmp_path):
     code = _finish(proc, log, timeout=30)
     assert time.monotonic() - t0 < 10
     assert code == -signal.SIGTERM  # killed by the signal itself, not a graceful 143
-    assert "lit-llm: second SIGTERM: exiting at once (checkpoints already written are complete)." in log.read_text()
+    assert ("lit-llm: second SIGTERM: exiting at once (a checkpoint being written is dropped; the last complete one "
+            "stays).") in log.read_text()
     assert not (tmp_path / "checkpoints" / "last.ckpt").exists()  # no step ended: nothing written, nothing partial
 
 
