@@ -39,6 +39,20 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def mesh(tmp_path):
+    """A one-process gloo group and its 1-D data-parallel ``DeviceMesh`` (``data_parallel``), destroyed after the
+    test: FSDP2 (sharded training) in one process."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,), mesh_dim_names=("data_parallel",))
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def templates_dir() -> Path:
     return TEMPLATES_DIR

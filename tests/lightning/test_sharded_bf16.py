@@ -8,26 +8,13 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
-import torch.distributed as dist
 from lightning.pytorch.plugins.precision import MixedPrecision
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from lit_llm.models import tiny_model
 from lit_llm.policy.logprobs import model_token_log_probs
 from lit_llm.policy.sharding import full_tensor, shard_model
-
-
-@pytest.fixture
-def mesh(tmp_path):
-    """A one-process gloo group and its 1-D data-parallel mesh (destroyed after the test)."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,), mesh_dim_names=("data_parallel",))
-    finally:
-        dist.destroy_process_group()
 
 
 def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor, mask: torch.Tensor

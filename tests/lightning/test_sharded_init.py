@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from lit_llm.lightning import SFTModule
@@ -29,16 +28,6 @@ from lit_llm.policy.logprobs import model_token_log_probs
 from lit_llm.policy.sharding import fill_from_rank0, is_meta, non_persistent_buffers, rank0_weights, shard_model
 
 ROPE = ["model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"]
-
-
-@pytest.fixture
-def mesh(tmp_path):
-    """A one-process gloo group and its 1-D data-parallel mesh (destroyed after the test)."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,), mesh_dim_names=("data_parallel",))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture
@@ -183,13 +172,18 @@ def test_module_built_on_meta_on_rank_one_only_inside_sharded_init(rank_one, one
         "lit_llm.lightning.policy_setup.sharded_init().")
 
 
-def test_rank_zero_on_meta_is_refused_before_any_broadcast(rank_one, mesh):
-    with sharded_init():  # a launch environment that wrongly says "not rank 0" on the process that is rank 0
-        module = SFTModule("tiny")
+def configure_error(module, mesh) -> str:
+    """The one line ``configure_model`` refuses ``module`` with under ``mesh``."""
     module._device_mesh = mesh
     with pytest.raises(ValueError) as e:
         module.configure_model()
-    assert str(e.value) == (
+    return str(e.value)
+
+
+def test_rank_zero_on_meta_is_refused_before_any_broadcast(rank_one, mesh):
+    with sharded_init():  # a launch environment that wrongly says "not rank 0" on the process that is rank 0
+        module = SFTModule("tiny")
+    assert configure_error(module, mesh) == (
         "Sharded init: global rank 0 has no weights to broadcast (it built its model on the meta device: its launch "
         "environment said it was not rank 0, one of RANK, LOCAL_RANK, NODE_RANK, GROUP_RANK or SLURM_PROCID above 0). "
         "Fix: launch so that rank 0 has none of them above 0, or build the module outside sharded_init() "
@@ -239,10 +233,7 @@ def test_sharded_init_on_rank_zero_loads_and_configure_model_fills_the_same_weig
 def test_a_meta_model_outside_sharded_init_is_refused(mesh):
     module = SFTModule("tiny")
     module.model = load_policy_model("tiny", empty=True)[0]  # meta, but nothing would fill it
-    module._device_mesh = mesh
-    with pytest.raises(ValueError) as e:
-        module.configure_model()
-    assert str(e.value) == (
+    assert configure_error(module, mesh) == (
         "The policy model is on the meta device but the module was not built inside "
         "lit_llm.lightning.policy_setup.sharded_init(), so nothing would fill it. Fix: build the module inside "
         "sharded_init() on every rank, or with its weights.")

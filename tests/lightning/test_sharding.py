@@ -10,8 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
@@ -30,16 +28,6 @@ from lit_llm.policy.sharding import (
     reshard_root,
     shard_model,
 )
-
-
-@pytest.fixture
-def mesh(tmp_path):
-    """A one-process gloo group and its 1-D data-parallel mesh (destroyed after the test)."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,), mesh_dim_names=("data_parallel",))
-    finally:
-        dist.destroy_process_group()
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
