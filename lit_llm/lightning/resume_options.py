@@ -218,7 +218,7 @@ def check_resume_options(saved: Mapping[str, Any], given: Mapping[str, Any], *, 
         raise ResumeOptionError(
             f"--ckpt_path {ckpt_path}: {prefix}{key} {_show(_plain(new))} differs from the checkpoint's "
             f"{_show(_plain(old))}; {key} is {why}, so the run cannot resume with a new value. Fix: resume with "
-            f"{key}: {_show(_plain(old))} (or leave it out), or start a new run from the checkpoint's weights: "
+            f"{key}: {_show(_plain(old))} (or give it nowhere), or start a new run from the checkpoint's weights: "
             f"lit-llm export --ckpt_path {ckpt_path} --out DIR, then --model.init_args.model DIR without --ckpt_path.")
     return kept, applied
 

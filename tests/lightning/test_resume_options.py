@@ -128,8 +128,8 @@ def test_check_resume_options_keeps_applies_and_refuses():
     assert str(e.value) == (
         "--ckpt_path runs/x/last.ckpt: model.init_args.loss 'rlhf' differs from the checkpoint's 'sft'; loss is the "
         "loss head: the objective the run optimises, so the run cannot resume with a new value. Fix: resume with "
-        "loss: 'sft' (or leave it out), or start a new run from the checkpoint's weights: lit-llm export --ckpt_path "
-        "runs/x/last.ckpt --out DIR, then --model.init_args.model DIR without --ckpt_path.")
+        "loss: 'sft' (or give it nowhere), or start a new run from the checkpoint's weights: lit-llm export "
+        "--ckpt_path runs/x/last.ckpt --out DIR, then --model.init_args.model DIR without --ckpt_path.")
     assert resume_policy("an_option_added_later")[0] == "refused"  # never silently replaced
     with pytest.raises(ResumeOptionError, match=r"an_option_added_later 2 differs from the checkpoint's 1; "
                                                 r"an_option_added_later is not classified for resuming"):
@@ -235,11 +235,11 @@ def _run_ckpt(path: Path, **data) -> Path:
      "data.init_args.batch_size 2 differs from the checkpoint's 4; batch_size is the rows per optimizer step: the "
      "restored data position counts steps of this size (a new size would skip or repeat rows of the epoch) and an "
      "optimizer step would mean another amount of data, so the run cannot resume with a new value. Fix: resume with "
-     "batch_size: 4 (or leave it out)"),
+     "batch_size: 4 (or give it nowhere)"),
     (["--seed_everything", "5"],
      "seed_everything 5 differs from the checkpoint's 0; seed_everything is the seed of the run's random generators; "
      "a resume restores the checkpoint's generator states (exact resume), so a new seed would not take effect, so "
-     "the run cannot resume with a new value. Fix: resume with seed_everything: 0 (or leave it out)"),
+     "the run cannot resume with a new value. Fix: resume with seed_everything: 0 (or give it nowhere)"),
 ])
 def test_resume_refuses_a_new_data_batch_size_or_seed(tmp_path, extra, message):
     from lit_llm.lightning.resume_options import ResumeOptionError
@@ -320,8 +320,8 @@ def test_resume_refuses_another_loss_head(sft_run, tmp_path, how):
     assert line == (
         f"lit-llm: error: --ckpt_path {ckpt}: model.init_args.loss 'rlhf' differs from the checkpoint's 'sft'; loss is "
         f"the loss head: the objective the run optimises, so the run cannot resume with a new value. Fix: resume with "
-        f"loss: 'sft' (or leave it out), or start a new run from the checkpoint's weights: lit-llm export --ckpt_path "
-        f"{ckpt} --out DIR, then --model.init_args.model DIR without --ckpt_path.")
+        f"loss: 'sft' (or give it nowhere), or start a new run from the checkpoint's weights: lit-llm export "
+        f"--ckpt_path {ckpt} --out DIR, then --model.init_args.model DIR without --ckpt_path.")
     assert sorted(p.name for p in (sft_run / "checkpoints").iterdir()) == before
     assert how == "last" or not any(tmp_path.glob("csv"))
 

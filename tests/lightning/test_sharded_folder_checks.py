@@ -61,7 +61,7 @@ def refusal(folder: Path, option: str, new: str, old: str, why: str) -> str:
     """:func:`~lit_llm.lightning.resume_options.check_resume_options`' line, written out."""
     key = option.rpartition(".")[2]
     return (f"--ckpt_path {folder}: {option} {new} differs from the checkpoint's {old}; {key} is {why}, so the run "
-            f"cannot resume with a new value. Fix: resume with {key}: {old} (or leave it out), or start a new run "
+            f"cannot resume with a new value. Fix: resume with {key}: {old} (or give it nowhere), or start a new run "
             f"from the checkpoint's weights: lit-llm export --ckpt_path {folder} --out DIR, then "
             f"--model.init_args.model DIR without --ckpt_path.")
 
