@@ -32,7 +32,7 @@ def is_distributed_checkpoint(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a distributed checkpoint folder (``meta.pt`` and ``torch.distributed.checkpoint``'s
     ``.metadata`` in it)."""
     p = Path(path)
-    return p.is_dir() and (p / "meta.pt").is_file() and (p / ".metadata").is_file()
+    return p.is_dir() and (p / META).is_file() and (p / INDEX).is_file()
 
 
 class DamagedCheckpointError(CLIConfigError):
@@ -57,12 +57,12 @@ def checkpoint_meta(path: str | os.PathLike) -> dict[str, Any]:
     """The folder's ``meta.pt``: the checkpoint without its tensors (``hyper_parameters``,
     ``datamodule_hyper_parameters``, ``global_step``, loops, callbacks); ``torch.load(mmap=True)`` of its zip
     archive, no shard read."""
+    import zipfile
+
     import torch
 
     meta = Path(path) / META
-    with meta.open("rb") as f:
-        zipped = f.read(4) == b"PK\x03\x04"
-    return torch.load(meta, map_location="cpu", weights_only=False, mmap=zipped)
+    return torch.load(meta, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(meta))
 
 
 def _another_checkpoint(folder: Path, option: str) -> str:
