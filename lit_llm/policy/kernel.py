@@ -38,14 +38,34 @@ def _check_scalars(temperature: float, chunk_size: int) -> None:
         raise ValueError(f"chunk_size must be an int >= 1 (hidden-state rows per LM-head chunk); got {chunk_size!r}.")
 
 
-def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, dtype: torch.dtype) -> Tensor:
-    """fp32 logits ``[C, V]`` of one chunk of rows ``h: [C, H]``; the matmul runs in ``dtype``."""
+def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, dtype: torch.dtype,
+                  out: Tensor | None = None) -> Tensor:
+    """fp32 logits ``[C, V]`` of one chunk of rows ``h: [C, H]``; the matmul runs in ``dtype``.
+
+    ``out``: a buffer of at least ``C`` rows of ``[*, V]`` in the logits' dtype (``dtype`` promoted to fp32) whose
+    first ``C`` rows are written and returned (the chunk loops reuse one buffer for every chunk: a fresh ``[C, V]``
+    tensor per chunk costs a page fault per 4 KiB on a CPU, ~8% of a chunked forward + backward); ``None``: a new
+    tensor."""
     h = h.to(dtype)
-    z = torch.mm(h, weight.t()) if bias is None else torch.addmm(bias.to(dtype), h, weight.t())
-    z = z.to(torch.promote_types(z.dtype, torch.float32))
+    acc = torch.promote_types(dtype, torch.float32)
+    if out is not None and acc == dtype:
+        z = out[:h.shape[0]]
+        if bias is None:
+            torch.mm(h, weight.t(), out=z)
+        else:
+            torch.addmm(bias.to(dtype), h, weight.t(), out=z)
+    else:
+        z = torch.mm(h, weight.t()) if bias is None else torch.addmm(bias.to(dtype), h, weight.t())
+        z = z.to(acc) if out is None else out[:h.shape[0]].copy_(z)
     if temperature != 1.0:
         z.div_(temperature)
     return z
+
+
+def _logits_buffer(n: int, chunk_size: int, weight: Tensor, dtype: torch.dtype) -> Tensor:
+    """The one ``[min(n, chunk_size), V]`` logits buffer a chunk loop reuses (``dtype`` promoted to fp32)."""
+    return torch.empty((min(n, chunk_size), weight.shape[0]), dtype=torch.promote_types(dtype, torch.float32),
+                       device=weight.device)
 
 
 #: Bytes of the row block :func:`_sum_exp_times` works through on a CPU (cache-sized: the block is exponentiated,
@@ -53,7 +73,7 @@ def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: f
 ENTROPY_BLOCK_BYTES = 1 << 22
 
 
-def _sum_exp_times(z: Tensor) -> Tensor:
+def _sum_exp_times(z: Tensor, buffer: Tensor | None = None) -> Tensor:
     """``(exp(z) * z).sum(1)`` of a chunk's shifted logits ``z: [C, V]`` (fp32 or fp64; not modified), the entropy's
     ``sum_j e^{z'_j} z'_j`` term, with one buffer instead of the formula's two ``[C, V]`` temporaries.
 
@@ -64,12 +84,15 @@ def _sum_exp_times(z: Tensor) -> Tensor:
     bit (a block of one row is reduced by another path, hence never one row unless ``C == 1``). Elsewhere (GPU) the
     buffer is the whole ``[C, V]`` chunk (three kernels; not run on a GPU yet).
 
+    ``buffer``: a reusable tensor of ``z``'s dtype, device and width, of at least :func:`_entropy_block_rows` rows
+    (``None``: allocated here).
+
     Returns:
         ``[C]``, ``z``'s dtype.
     """
     n, v = z.shape
-    rows = max(2, ENTROPY_BLOCK_BYTES // (v * z.element_size())) if z.device.type == "cpu" else n
-    buf = torch.empty((min(rows + 1, n), v), dtype=z.dtype, device=z.device)
+    rows = _entropy_block_rows(z)
+    buf = buffer if buffer is not None else torch.empty((min(rows + 1, n), v), dtype=z.dtype, device=z.device)
     out = torch.empty(n, dtype=z.dtype, device=z.device)
     s = 0
     while s < n:
@@ -78,6 +101,12 @@ def _sum_exp_times(z: Tensor) -> Tensor:
         out[s:e] = block.mul_(z[s:e]).sum(1)
         s = e
     return out
+
+
+def _entropy_block_rows(z: Tensor) -> int:
+    """Rows of :func:`_sum_exp_times`' block for chunks like ``z: [C, V]`` (the whole chunk off the CPU)."""
+    n, v = z.shape
+    return max(2, ENTROPY_BLOCK_BYTES // (v * z.element_size())) if z.device.type == "cpu" else n
 
 
 class _ChunkedTokenLogProbs(torch.autograd.Function):
@@ -96,10 +125,15 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         ent = torch.empty(n if want_entropy else 0, dtype=torch.float32, device=h.device)
         hits = torch.empty(n if want_hits else 0, dtype=torch.bool, device=h.device)
         w = weight.to(mm_dtype)  # no copy when already in mm_dtype
+        zbuf = _logits_buffer(n, chunk_size, weight, mm_dtype)  # one [C, V] buffer for every chunk
+        ebuf = None
+        if want_entropy and n:
+            rows = _entropy_block_rows(zbuf)
+            ebuf = torch.empty((min(rows + 1, zbuf.shape[0]), zbuf.shape[1]), dtype=zbuf.dtype, device=zbuf.device)
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk_size):
                 e = min(s + chunk_size, n)
-                z = _chunk_logits(h[s:e], w, bias, temperature, mm_dtype)
+                z = _chunk_logits(h[s:e], w, bias, temperature, mm_dtype, out=zbuf)
                 target_logit = z.gather(1, y[s:e, None]).squeeze(1)
                 if want_hits:
                     m, arg = z.max(1, keepdim=True)  # max and argmax in one pass
@@ -108,7 +142,7 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
                     m = z.amax(1, keepdim=True)
                 z.sub_(m)  # z' = z - max, in place
                 if want_entropy:
-                    sum_pz = _sum_exp_times(z)  # sum_j e^{z'_j} z'_j (one reused buffer, z untouched)
+                    sum_pz = _sum_exp_times(z, ebuf)  # sum_j e^{z'_j} z'_j (one reused buffer, z untouched)
                 z.exp_()
                 sum_exp = z.sum(1)
                 del z
@@ -138,14 +172,16 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=h.device) if need_b else None
         w = weight.to(mm_dtype)
+        zbuf = _logits_buffer(n, chunk_size, weight, mm_dtype)  # reused by every chunk, as pbuf
+        pbuf = torch.empty_like(zbuf) if use_ent else None
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk_size):
                 e = min(s + chunk_size, n)
                 gl = g_logp[s:e, None].to(acc)
-                z = _chunk_logits(h[s:e], w, bias, tau, mm_dtype)
+                z = _chunk_logits(h[s:e], w, bias, tau, mm_dtype, out=zbuf)
                 z.sub_(lse[s:e, None])  # log p
                 if use_ent:
-                    p = torch.exp(z)
+                    p = torch.exp(z, out=pbuf[:e - s])
                     # dL/dz = -p * (g_logp + g_ent * (log p + H)) + g_logp * onehot(y)
                     z.add_(ent[s:e, None]).mul_(g_ent[s:e, None].to(acc)).add_(gl).mul_(p).neg_()
                     del p
@@ -192,7 +228,8 @@ def chunked_token_log_probs(
     ``hidden[..., t, :]`` scores ``targets[..., t]``: callers shift (for a causal LM, ``hidden[:, :-1]`` scores
     ``input_ids[:, 1:]``). The ``B * T`` rows are flattened; rows whose target is ``ignore_index`` are dropped before
     any work (so padding costs nothing) and get 0.0. The remaining rows are processed ``chunk_size`` at a time: the
-    chunk's logits are computed, upcast to fp32, reduced to a log-sum-exp and the target logit, and freed. The backward
+    chunk's logits are computed into one fp32 buffer that every chunk of the pass reuses, and reduced to a
+    log-sum-exp and the target logit. The backward
     pass recomputes each chunk's logits (one extra LM-head matmul) instead of keeping ``[B, T, V]`` activations, so the
     extra memory is about ``chunk_size * V * 4`` bytes (two such buffers when the entropy needs a gradient), plus an
     fp32 ``[V, H]`` accumulator for the weight gradient. Autocast is disabled inside; the result is fp32 regardless
