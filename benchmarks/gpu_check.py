@@ -364,7 +364,10 @@ def _fit(module, data, args, cuda: bool, root: str) -> tuple[list[dict[str, floa
                       devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=root,
                       callbacks=[rows])
-    with SyncCounter(cuda) as syncs:
+    with SyncCounter(cuda) as syncs, warnings.catch_warnings():
+        # the check runs without a logger on purpose: Lightning's "self.log(...) but have no logger" lines, one per
+        # metric and step, would bury the report
+        warnings.filterwarnings("ignore", message=r".*but have no logger configured")
         trainer.fit(module, data)
     if len(rows.rows) != args.steps:
         raise RuntimeError(f"{len(rows.rows)} of {args.steps} training steps ran")
