@@ -64,7 +64,12 @@ class StatefulAsyncRollouts(AsyncRollouts):
     together), so every rank consumes the same number of batches and records the same ``(epoch, position)``, and the
     state rank 0 writes is every rank's. The format is :meth:`~lit_llm.lightning.grpo_data.PromptBatchLoader.
     state_dict`'s plain ``{"epoch", "position"}``; a checkpoint written before this fix (the drawn-ahead position, same
-    keys) loads, and resumes where its producer had drawn to."""
+    keys) loads, and resumes where its producer had drawn to.
+
+    One edge, single process only: when the producer dropped batches of an epoch and then training took that epoch's
+    last batch, Lightning does not know the epoch is over (it counted fewer batches than the loader's length), so a
+    run resumed from a checkpoint of that step takes the next epoch's first batch inside Lightning's resumed epoch:
+    the prompt batches are the same, ``current_epoch`` is one batch late from there on."""
 
     def state_dict(self) -> dict[str, int]:
         """``{"epoch", "position"}`` of the prompt loader after the last batch training consumed."""
