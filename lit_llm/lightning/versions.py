@@ -68,8 +68,8 @@ class StatefulAsyncRollouts(AsyncRollouts):
 
     One edge, single process only: when the producer dropped batches of an epoch and then training took that epoch's
     last batch, Lightning does not know the epoch is over (it counted fewer batches than the loader's length), so a
-    run resumed from a checkpoint of that step takes the next epoch's first batch inside Lightning's resumed epoch:
-    the prompt batches are the same, ``current_epoch`` is one batch late from there on."""
+    run resumed from a checkpoint of that step takes the next epoch's first batches (as many as were dropped) inside
+    Lightning's resumed epoch: the prompt batches are the same, ``current_epoch`` lags for those batches."""
 
     def state_dict(self) -> dict[str, int]:
         """``{"epoch", "position"}`` of the prompt loader after the last batch training consumed."""
