@@ -145,7 +145,9 @@ def test_async_resume_trains_the_batches_of_the_uninterrupted_run(world_size, st
         iter(restart)  # Lightning's _check_dataloader_iterable: an iter() never advanced draws nothing
         assert restart_loader.state_dict() == {"epoch": 0, "position": 0} and restart._thread is None
         restart.load_state_dict(state)
+        producer.close()
         rest = _trained(restart, 2)  # the rest of epoch 1, then epoch 2
+        restart.close()
         assert first_epoch + rest == expected
         resumed.append(first_epoch + rest)
     assert states[0] == {"epoch": 1, "position": 1}  # 3 steps of epoch 0 and 1 of epoch 1 consumed
@@ -170,6 +172,10 @@ def test_async_restore_of_an_old_checkpoint_state_and_bad_states():
                             "checkpoint's loops.fit_loop.state_dict.combined_loader entry), got {'epoch': 0}.")
     with pytest.raises(ValueError, match=r"epoch and position must be >= 0, got \{'epoch': 0, 'position': -1\}"):
         loader.load_state_dict({"epoch": 0, "position": -1})
+    with pytest.raises(TypeError) as e:
+        StatefulAsyncRollouts(_StubEngine(), [collate_prompts(_rows(2))]).load_state_dict({"epoch": 0, "position": 0})
+    assert str(e.value) == ("AsyncRollouts.restore_prompts: the prompt iterable (list) has no load_state_dict(); use a "
+                            "stateful loader such as PromptBatchLoader.")
 
 
 def test_datamodule_renders_prompt_ids_once(tokenizer):
