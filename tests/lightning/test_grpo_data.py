@@ -131,8 +131,10 @@ def test_async_resume_trains_the_batches_of_the_uninterrupted_run(world_size, st
     DDP the producers drop nothing: the callback drops on all ranks together)."""
     states, resumed = [], []
     for rank in range(world_size):
-        full, _ = _producer(stale, rank, world_size)
+        full, plan = _producer(stale, rank, world_size)
         expected = _trained(full, 3)
+        if not stale:  # the uninterrupted run: every step of the loader's plans, in order
+            assert expected == [[f"s{i}" for i in step] for e in range(3) for step in plan.epoch_plan(e)]
         producer, loader = _producer(stale, rank, world_size)
         it = iter(producer)
         first_epoch = [b.sample_id for b in it]  # epoch 0 to its end, then 1 batch of epoch 1
@@ -150,7 +152,7 @@ def test_async_resume_trains_the_batches_of_the_uninterrupted_run(world_size, st
         restart.close()
         assert first_epoch + rest == expected
         resumed.append(first_epoch + rest)
-    assert states[0] == {"epoch": 1, "position": 1}  # 3 steps of epoch 0 and 1 of epoch 1 consumed
+    assert states[0] == {"epoch": 1, "position": 1}  # epoch 0 whole and 1 step of epoch 1 consumed
     assert all(s == states[0] for s in states)  # every rank records the same position: rank 0's file fits all
     if world_size == 2:  # each rank its own share of every step
         assert all(not set(a) & set(b) for a, b in zip(*resumed))
