@@ -23,7 +23,9 @@ the :class:`~lit_llm.rollouts.EpisodeEngine` (tools included), so ``prompt_ids``
 ``task: calculator`` / ``guess_number`` give the built-in environments' synthetic rows (no file).
 
 The training loader is stateful (``state_dict``/``load_state_dict``, saved by Lightning in checkpoints) so a resumed
-run sees the same prompts as an uninterrupted one; in DDP each rank takes its own share of every step's prompts. The
+run sees the same prompts as an uninterrupted one; in DDP each rank takes its own share of every step's prompts. With
+``rollout_mode: async`` the checkpoint holds the position of the batches training consumed, not of those the
+background producer drew ahead (:class:`~lit_llm.lightning.versions.StatefulAsyncRollouts`). The
 validation loader holds the held-out prompts used for greedy evaluation.
 """
 
@@ -260,12 +262,27 @@ class PromptBatchLoader:
         return collate_prompts([self.rows[i] for i in step])
 
     def state_dict(self) -> dict[str, int]:
-        """``{"epoch", "position"}``: the epoch and the number of its steps already handed out."""
+        """``{"epoch", "position"}``: the epoch and the number of its steps already handed out (by the iteration or
+        :meth:`next_batch`). ``position == len(self)`` is the end of ``epoch``: the next iteration starts
+        ``epoch + 1``. An asynchronous producer saves this state as it was after the last batch training consumed
+        (:class:`~lit_llm.lightning.versions.StatefulAsyncRollouts`), not the position it drew ahead to."""
         return {"epoch": self.epoch, "position": self.position}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore :meth:`state_dict` (Lightning calls it when resuming from a checkpoint)."""
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (Lightning calls it when resuming from a checkpoint); the next iteration
+        starts there.
+
+        Raises:
+            ValueError: ``state`` lacks an integer ``epoch`` or ``position`` >= 0.
+        """
+        try:
+            epoch, position = int(state["epoch"]), int(state["position"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"PromptBatchLoader.load_state_dict: expected {{'epoch': int, 'position': int}} (the "
+                             f"checkpoint's loops.fit_loop.state_dict.combined_loader entry), got {state!r}.") from e
+        if epoch < 0 or position < 0:
+            raise ValueError(f"PromptBatchLoader.load_state_dict: epoch and position must be >= 0, got {state!r}.")
+        self.epoch, self.position = epoch, position
 
 
 class GRPODataModule(LightningDataModule):

@@ -50,14 +50,35 @@ __all__ = ["PolicyVersionSwitch", "StatefulAsyncRollouts"]
 
 
 class StatefulAsyncRollouts(AsyncRollouts):
-    """:class:`AsyncRollouts` forwarding ``state_dict``/``load_state_dict`` to the prompt loader (the producer runs a
-    few batches ahead, so a resumed asynchronous run skips the prompts that were in flight)."""
+    """:class:`AsyncRollouts` whose ``state_dict`` / ``load_state_dict`` (saved in checkpoints by Lightning's fit loop)
+    are the prompt loader's, at the position of the batches *training consumed*.
+
+    The producer draws prompt batches ahead of training (one queued per ``queue_size``, one being generated); the
+    saved state is :attr:`~lit_llm.rollouts.producer.AsyncRollouts.consumed_state`, the loader's state after the last
+    batch training took (trained, or dropped as stale: dropped batches count as consumed), so a resumed run trains on
+    the prompt batches the uninterrupted run would have taken from that step on. The batches that were in flight are
+    not saved: the resumed producer draws them again and generates them from the restored weights (their staleness,
+    and so which of them the staleness bound drops, depends on thread timing, as in any asynchronous run).
+
+    Under DDP every rank has its own loader and producer; none drops (the callback drops stale batches on all ranks
+    together), so every rank consumes the same number of batches and records the same ``(epoch, position)``, and the
+    state rank 0 writes is every rank's. The format is :meth:`~lit_llm.lightning.grpo_data.PromptBatchLoader.
+    state_dict`'s plain ``{"epoch", "position"}``; a checkpoint written before this fix (the drawn-ahead position, same
+    keys) loads, and resumes where its producer had drawn to.
+
+    One edge, single process only: when the producer dropped batches of an epoch and then training took that epoch's
+    last batch, Lightning does not know the epoch is over (it counted fewer batches than the loader's length), so a
+    run resumed from a checkpoint of that step takes the next epoch's first batches (as many as were dropped) inside
+    Lightning's resumed epoch: the prompt batches are the same, ``current_epoch`` lags for those batches."""
 
     def state_dict(self) -> dict[str, int]:
-        return self.prompts.state_dict()
+        """``{"epoch", "position"}`` of the prompt loader after the last batch training consumed."""
+        return self.consumed_state  # type: ignore[return-value]
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.prompts.load_state_dict(state)
+        """Load ``state`` into the prompt loader; the next iteration's producer starts there
+        (:meth:`~lit_llm.rollouts.producer.AsyncRollouts.restore_prompts`)."""
+        self.restore_prompts(state)
 
 
 class PolicyVersionSwitch(Callback):

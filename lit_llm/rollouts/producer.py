@@ -17,6 +17,16 @@ Under sharded training (FSDP2) the copy is not a deep copy: :func:`~lit_llm.roll
 builds a plain model of the same architecture holding the full weights (one full copy per rank, as under DDP), and
 :meth:`AsyncRollouts.sync_weights` gathers the shards (``full_tensor()``). Both are collectives, run on the trainer's
 thread by every rank at the same step; the producer thread only generates from its plain copy, with no collective.
+
+Resume: when the prompt iterable is stateful (``state_dict()`` / ``load_state_dict()``, e.g.
+:class:`~lit_llm.lightning.grpo_data.PromptBatchLoader`), every produced batch travels through the queue with the
+loader's state right after its prompt batch was drawn (and rolled out), and :attr:`AsyncRollouts.consumed_state` is the
+state of the last batch the consumer took (yielded, or dropped as stale): the position of the batches *training
+consumed*, not of those the producer drew ahead. A checkpoint that stores it resumes with the first batch training had
+not taken; the batches that were queued or being generated are drawn again and regenerated from the restored weights
+(the queue itself is not saved). Each new iteration (a new epoch, a resume) rewinds the loader to that state first,
+and the producer thread starts at the first ``next()``, not at ``iter()``: an ``iter()`` that is never advanced
+(Lightning's iterability check) draws nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +53,12 @@ __all__ = ["AsyncRollouts"]
 _STOP = object()
 
 
+def _loader_state(prompts: Any) -> dict[str, Any] | None:
+    """``prompts.state_dict()`` (a copy), or ``None`` when it has none."""
+    fn = getattr(prompts, "state_dict", None)
+    return dict(fn()) if callable(fn) else None
+
+
 class AsyncRollouts:
     """Iterable of rollout batches produced on a background thread from a separately held copy of the weights.
 
@@ -55,6 +71,11 @@ class AsyncRollouts:
 
     Note: the engine must own its model (a copy of the trained one, see :meth:`from_policy`). With a
     ``seed`` its rows sample from per-row generators (never the process RNG), seeded by the producer's batch count.
+
+    The producer thread starts at the first ``next()`` of an iteration (an iterator that is never advanced draws no
+    prompt). With a stateful ``prompts`` (``state_dict()`` / ``load_state_dict()``), :attr:`consumed_state` is its
+    state after the last batch the consumer took (yielded or dropped as stale), and every new iteration first rewinds
+    ``prompts`` to it, so prompt batches drawn ahead but never taken are drawn again (see the module docstring).
 
     Args:
         engine: a :class:`RolloutEngine` over the copy of the weights.
@@ -80,6 +101,7 @@ class AsyncRollouts:
         self.trainer_version = engine.version
         self.num_dropped = 0
         self.num_produced = 0
+        self._consumed: dict[str, Any] | None = None  # prompts' state after the last batch taken (stateful prompts)
         self._staged: tuple[dict[str, Tensor], int, bool] | None = None
         self._lock = threading.Lock()
         self._generating = threading.RLock()  # held by the producer around each rollout (see between_rollouts)
@@ -211,6 +233,30 @@ class AsyncRollouts:
         """``trainer_version - policy_version`` of a rollout batch."""
         return self.trainer_version - int(rollout.policy_version.max())
 
+    @property
+    def consumed_state(self) -> dict[str, Any] | None:
+        """The prompt loader's ``state_dict()`` after the last prompt batch the consumer took: its rollout yielded, or
+        dropped as staler than ``max_staleness`` (a dropped batch counts as consumed). Before any batch is taken, the
+        loader's own state (where the next iteration starts); ``None`` when ``prompts`` has no ``state_dict``."""
+        if self._consumed is not None:
+            return dict(self._consumed)
+        return _loader_state(self.prompts)
+
+    def restore_prompts(self, state: Mapping[str, Any]) -> None:
+        """Stop a running producer (after its current batch) and load ``state`` into the prompt loader
+        (``prompts.load_state_dict``): the next iteration starts there and :attr:`consumed_state` is ``state``.
+
+        Raises:
+            TypeError: ``prompts`` has no ``load_state_dict``.
+        """
+        load = getattr(self.prompts, "load_state_dict", None)
+        if not callable(load):
+            raise TypeError(f"AsyncRollouts.restore_prompts: the prompt iterable ({type(self.prompts).__name__}) has "
+                            f"no load_state_dict(); use a stateful loader such as PromptBatchLoader.")
+        self.close()
+        load(dict(state))
+        self._consumed = _loader_state(self.prompts)
+
     # -------------------------------------------------------------------------------------------- producer
     def _produce(self, it: Iterator[Mapping[str, Any]], q: queue.Queue, stop: threading.Event,
                  device_index: int | None = None) -> None:
@@ -228,11 +274,12 @@ class AsyncRollouts:
                     self.engine.load_weights(weights, version, strict=strict)
                 with self._generating, torch.no_grad(), self.rollout_context():
                     td = self.engine.rollout(batch, step=step)
+                state = _loader_state(self.prompts)  # after the draw (and any batch the rollout drew)
                 step += 1
                 self.num_produced += 1
                 while not stop.is_set():
                     try:
-                        q.put(td, timeout=0.1)
+                        q.put((td, state), timeout=0.1)
                         break
                     except queue.Full:
                         continue
@@ -242,26 +289,40 @@ class AsyncRollouts:
         q.put(_STOP)
 
     def __iter__(self) -> Iterator[RolloutBatch]:
-        """Start a producer over a fresh ``iter(prompts)`` (stopping any previous one) and yield its batches."""
+        """An iterator whose first ``next()`` stops any previous producer, rewinds a stateful ``prompts`` to
+        :attr:`consumed_state` (the batches a previous producer drew but nobody took are drawn again), starts a
+        producer over a fresh ``iter(prompts)`` and yields its batches. Nothing starts until that first ``next()``."""
+        return self._consume()
+
+    def _start(self) -> queue.Queue:
         self.close()
+        load = getattr(self.prompts, "load_state_dict", None)
+        if self._consumed is not None and callable(load):
+            load(dict(self._consumed))
+        else:
+            self._consumed = _loader_state(self.prompts)
         stop, q = threading.Event(), queue.Queue(maxsize=self.queue_size)
         self._stop, self._queue = stop, q
         self._thread = threading.Thread(target=self._produce, name="lit_llm-async-rollouts", daemon=True,
                                         args=(iter(self.prompts), q, stop, current_device_index()))
         self._thread.start()
-        return self._consume(q)
+        return q
 
-    def _consume(self, q: queue.Queue) -> Iterator[RolloutBatch]:
+    def _consume(self) -> Iterator[RolloutBatch]:
+        q = self._start()
         while True:
             item = q.get()
             if item is _STOP:
                 return
             if isinstance(item, BaseException):
                 raise item
-            if self.staleness(item) > self.max_staleness:
+            td, state = item
+            if state is not None:  # taken, trained or dropped: a checkpoint from now on resumes after it
+                self._consumed = state
+            if self.staleness(td) > self.max_staleness:
                 self.num_dropped += 1
                 continue
-            yield item
+            yield td
 
     def close(self) -> None:
         """Stop the producer thread (after its current batch) and forget the queue."""

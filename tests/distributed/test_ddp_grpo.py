@@ -5,7 +5,7 @@ completions stop at their first token, rank 1's always run to ``max_new_tokens``
 collective-free, so this must finish without a hang and keep the ranks in step. Its 21 training prompts do not fill
 a whole number of steps of 2 prompts x 2 ranks, and its 5 evaluation prompts do not split evenly over the ranks.
 Also: a repeat with the same seed, a run stopped at step 3 and resumed with ``--ckpt_path last``, the
-asynchronous rollout mode, and dynamic sampling with a reward informative on rank 0 only.
+asynchronous rollout mode (and its resume), and dynamic sampling with a reward informative on rank 0 only.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ ARGS = ("--trainer.max_steps", str(STEPS), "--data.num_train", str(NUM_TRAIN), "
         "--model.eval_max_new_tokens", "4", "--trainer.val_check_interval", "3", "--checkpoint.every_n_train_steps",
         "3", "--trainer.num_sanity_val_steps", "0")
 
+# async with no stale drop (staleness is thread timing): every produced batch is trained, so runs compare exactly
+ASYNC_NO_DROPS = ("--model.rollout_mode", "async", "--model.max_staleness", "100")
+
 
 def _make_run(name: str, root: Path) -> DDPRun:
     if name == "resumed":
@@ -42,6 +45,11 @@ def _make_run(name: str, root: Path) -> DDPRun:
         return launch(root, "grpo_tiny.yaml", *ARGS, "--model.dynamic_sampling", "true",
                       "--model.max_sampling_rounds", "3", "--model.reward_funcs", f"[{rewards}]",
                       "--model.reward_weights", "null", "--model.eval_reward_funcs", "[strict_arithmetic_reward]")
+    if name == "async_full":
+        return launch(root, "grpo_tiny.yaml", *ARGS, *ASYNC_NO_DROPS)
+    if name == "async_resumed":
+        launch(root, "grpo_tiny.yaml", *ARGS, *ASYNC_NO_DROPS, "--trainer.max_steps", "3")
+        return launch(root, "grpo_tiny.yaml", *ARGS, *ASYNC_NO_DROPS, "--ckpt_path", "last")
     if name == "async":
         return launch(root, "grpo_tiny.yaml", *ARGS, "--trainer.max_steps", "4", "--model.rollout_mode", "async",
                       "--model.max_staleness", "1")
@@ -138,6 +146,20 @@ def test_grpo_ddp_async_rollouts_finish_in_step(runs):
     steps = run.ranks[0]["steps"]
     assert run.ranks[0]["global_step"] == run.ranks[1]["global_step"] == 4
     assert len(steps) == len(run.ranks[1]["steps"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_grpo_ddp_async_resume_trains_the_uninterrupted_runs_prompts(runs):
+    """Stopped at step 3 (each rank's producer a batch or two ahead) and resumed: every rank trains the prompts of the
+    uninterrupted asynchronous run at steps 4-6, across the epoch boundary (5 steps per epoch); the checkpoint holds
+    the position of the batches consumed, the same on both ranks."""
+    full, resumed = runs.get("async_full"), runs.get("async_resumed")
+    assert_clean_exit(resumed)
+    assert [s["global_step"] for s in resumed.ranks[0]["steps"]] == [4, 5, 6]
+    for r in range(2):
+        assert [s["sample_ids"] for s in resumed.ranks[r]["steps"]] == [
+            s["sample_ids"] for s in full.ranks[r]["steps"][3:]]
 
 
 @pytest.mark.slow

@@ -1,9 +1,11 @@
 """GRPO prompt data: the synthetic arithmetic task (seeded, ranges, disjoint splits), GSM8K prompts, the resumable
-prompt loader."""
+prompt loader, and its exact resume behind the asynchronous producer (``StatefulAsyncRollouts``)."""
 
 from __future__ import annotations
 
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ import torch
 from lit_llm.data.arithmetic import arithmetic_prompts, arithmetic_split
 from lit_llm.data.datasets import DataFormatError
 from lit_llm.lightning.grpo_data import GRPODataModule, PromptBatchLoader, collate_prompts, gsm8k_prompts
+from lit_llm.lightning.versions import StatefulAsyncRollouts
 
 
 def _problem(row):
@@ -79,6 +82,102 @@ def test_prompt_loader_deals_ranks_and_resumes():
         PromptBatchLoader(rows, batch_size=11)
     with pytest.raises(ValueError, match="different keys"):
         collate_prompts([{"a": 1}, {"b": 2}])
+
+
+class _StubEngine:
+    """The producer's engine without a model: a rollout is its prompt batch's sample ids with a policy version, -5
+    (stale under any ``max_staleness`` while the trainer is at version 0) for batches whose first id is in ``stale``."""
+
+    def __init__(self, stale=()) -> None:
+        self.version, self.stale = 0, set(stale)
+
+    def rollout(self, batch, *, step=0):
+        version = -5 if batch["sample_id"][0] in self.stale else self.version
+        return SimpleNamespace(sample_id=list(batch["sample_id"]), policy_version=torch.tensor([version]))
+
+
+def _rows(n=10):
+    return [{"prompt": f"p{i}", "sample_id": f"s{i}"} for i in range(n)]
+
+
+def _producer(stale=(), rank=0, world_size=1):
+    loader = PromptBatchLoader(_rows(), batch_size=3 if world_size == 1 else 1, seed=1, rank=rank,
+                               world_size=world_size)
+    return StatefulAsyncRollouts(_StubEngine(stale), loader, max_staleness=0, queue_size=2), loader
+
+
+def _wait_drawn(loader, state, timeout=10.0):
+    """Wait until the producer has drawn past ``state`` (it runs ahead of the consumer, as in training)."""
+    t0 = time.perf_counter()
+    while loader.state_dict() == state and time.perf_counter() - t0 < timeout:
+        time.sleep(0.01)
+    assert loader.state_dict() != state, "the producer drew nothing ahead"
+
+
+def _trained(producer, epochs):
+    """The sample ids of every batch the producer yields over ``epochs`` iterations (one ``iter()`` per epoch, as
+    Lightning's fit loop does)."""
+    return [b.sample_id for _ in range(epochs) for b in producer]
+
+
+# plans (seed 1, 10 rows, 3 per step): epoch 0 [7,0,6] [9,3,1] [4,2,5]; epoch 1 [4,5,3] [6,0,1] [9,8,2]; epoch 2
+# [6,8,7] ...: "s9", "s6" make [9,3,1] stale before the checkpoint, [6,0,1] (drawn ahead at it) after, and 2 more.
+@pytest.mark.parametrize(("world_size", "stale"), [(1, ()), (1, ("s9", "s6")), (2, ())],
+                         ids=["one-rank", "stale-drops", "two-ranks"])
+def test_async_resume_trains_the_batches_of_the_uninterrupted_run(world_size, stale):
+    """A checkpoint of an asynchronous run holds the loader position of the batches training consumed (stale drops
+    included), not of those the producer drew ahead: the resumed producer, after Lightning's ``iter()`` check and the
+    restore, yields exactly the uninterrupted run's remaining batches, across the epoch boundary, on every rank (under
+    DDP the producers drop nothing: the callback drops on all ranks together)."""
+    states, resumed = [], []
+    for rank in range(world_size):
+        full, plan = _producer(stale, rank, world_size)
+        expected = _trained(full, 3)
+        if not stale:  # the uninterrupted run: every step of the loader's plans, in order
+            assert expected == [[f"s{i}" for i in step] for e in range(3) for step in plan.epoch_plan(e)]
+        producer, loader = _producer(stale, rank, world_size)
+        it = iter(producer)
+        first_epoch = [b.sample_id for b in it]  # epoch 0 to its end, then 1 batch of epoch 1
+        it = iter(producer)
+        first_epoch.append(next(it).sample_id)
+        state = producer.state_dict()
+        _wait_drawn(loader, state)
+        states.append(state)
+        restart, restart_loader = _producer(stale, rank, world_size)
+        iter(restart)  # Lightning's _check_dataloader_iterable: an iter() never advanced draws nothing
+        assert restart_loader.state_dict() == {"epoch": 0, "position": 0} and restart._thread is None
+        restart.load_state_dict(state)
+        producer.close()
+        rest = _trained(restart, 2)  # the rest of epoch 1, then epoch 2
+        restart.close()
+        assert first_epoch + rest == expected
+        resumed.append(first_epoch + rest)
+    assert states[0] == {"epoch": 1, "position": 1}  # epoch 0 whole and 1 step of epoch 1 consumed
+    assert all(s == states[0] for s in states)  # every rank records the same position: rank 0's file fits all
+    if world_size == 2:  # each rank its own share of every step
+        assert all(not set(a) & set(b) for a, b in zip(*resumed))
+    if stale:
+        assert [b[0] for b in resumed[0]] == ["s7", "s4", "s4", "s2", "s3"]  # 4 of 9 batches dropped
+
+
+def test_async_restore_of_an_old_checkpoint_state_and_bad_states():
+    """A plain ``{"epoch", "position"}`` (every checkpoint so far) loads; a state without them is a clear error."""
+    producer, loader = _producer()
+    plan = [[f"s{i}" for i in step] for step in loader.epoch_plan(0)]
+    producer.load_state_dict({"epoch": 0, "position": 2})
+    assert producer.state_dict() == {"epoch": 0, "position": 2}
+    assert [b.sample_id for b in producer] == plan[2:]
+    assert producer.state_dict() == {"epoch": 0, "position": 3}
+    with pytest.raises(ValueError) as e:
+        producer.load_state_dict({"epoch": 0})
+    assert str(e.value) == ("PromptBatchLoader.load_state_dict: expected {'epoch': int, 'position': int} (the "
+                            "checkpoint's loops.fit_loop.state_dict.combined_loader entry), got {'epoch': 0}.")
+    with pytest.raises(ValueError, match=r"epoch and position must be >= 0, got \{'epoch': 0, 'position': -1\}"):
+        loader.load_state_dict({"epoch": 0, "position": -1})
+    with pytest.raises(TypeError) as e:
+        StatefulAsyncRollouts(_StubEngine(), [collate_prompts(_rows(2))]).load_state_dict({"epoch": 0, "position": 0})
+    assert str(e.value) == ("AsyncRollouts.restore_prompts: the prompt iterable (list) has no load_state_dict(); use a "
+                            "stateful loader such as PromptBatchLoader.")
 
 
 def test_datamodule_renders_prompt_ids_once(tokenizer):
