@@ -70,7 +70,8 @@ class AsyncRollouts:
     :meth:`sync_weights`). An exception in the producer is re-raised by the next ``next()`` with its traceback.
 
     Note: the engine must own its model (a copy of the trained one, see :meth:`from_policy`). With a
-    ``seed`` its rows sample from per-row generators (never the process RNG), seeded by the producer's batch count.
+    ``seed`` its rows sample from per-row generators (never the process RNG), seeded by the prompt batch's index in
+    the run (:meth:`_batch_index`: a resumed run's batch gets the seeds it had, and no epoch repeats another's).
 
     The producer thread starts at the first ``next()`` of an iteration (an iterator that is never advanced draws no
     prompt). With a stateful ``prompts`` (``state_dict()`` / ``load_state_dict()``), :attr:`consumed_state` is its
@@ -258,9 +259,21 @@ class AsyncRollouts:
         self._consumed = _loader_state(self.prompts)
 
     # -------------------------------------------------------------------------------------------- producer
+    def _batch_index(self) -> int:
+        """The seed step of the prompt batch just drawn: its index in the whole run, ``epoch * len(prompts) +
+        position - 1``, for a :class:`~lit_llm.lightning.grpo_data.PromptBatchLoader`-like loader (the same batch
+        gets the same seeds after a resume, and the sync mode's ``global_step`` when nothing was dropped), else the
+        number of batches produced so far (never restarting at an epoch, so no epoch repeats another's seeds)."""
+        state = _loader_state(self.prompts)
+        if state is not None and {"epoch", "position"} <= set(state):
+            try:
+                return int(state["epoch"]) * len(self.prompts) + int(state["position"]) - 1
+            except TypeError:  # no len()
+                pass
+        return self.num_produced
+
     def _produce(self, it: Iterator[Mapping[str, Any]], q: queue.Queue, stop: threading.Event,
                  device_index: int | None = None) -> None:
-        step = 0
         try:
             if device_index is not None:  # the CUDA device of the thread that started it (thread-local)
                 torch.cuda.set_device(device_index)
@@ -272,10 +285,10 @@ class AsyncRollouts:
                 if staged is not None:
                     weights, version, strict = staged
                     self.engine.load_weights(weights, version, strict=strict)
+                step = self._batch_index()
                 with self._generating, torch.no_grad(), self.rollout_context():
                     td = self.engine.rollout(batch, step=step)
                 state = _loader_state(self.prompts)  # after the draw (and any batch the rollout drew)
-                step += 1
                 self.num_produced += 1
                 while not stop.is_set():
                     try:

@@ -93,7 +93,7 @@ class _StubEngine:
 
     def rollout(self, batch, *, step=0):
         version = -5 if batch["sample_id"][0] in self.stale else self.version
-        return SimpleNamespace(sample_id=list(batch["sample_id"]), policy_version=torch.tensor([version]))
+        return SimpleNamespace(sample_id=list(batch["sample_id"]), policy_version=torch.tensor([version]), step=step)
 
 
 def _rows(n=10):
@@ -158,6 +158,21 @@ def test_async_resume_trains_the_batches_of_the_uninterrupted_run(world_size, st
         assert all(not set(a) & set(b) for a, b in zip(*resumed))
     if stale:
         assert [b[0] for b in resumed[0]] == ["s7", "s4", "s4", "s2", "s3"]  # 4 of 9 batches dropped
+
+
+def test_async_rollout_seeds_follow_the_prompt_batch_not_the_producer():
+    """The seed step of an asynchronous rollout is its prompt batch's index in the run (epoch x steps per epoch +
+    position), as the sync mode's ``global_step``: it does not restart at 0 with every epoch's producer (which gave
+    every epoch the first epoch's seeds), and a resumed run's batch gets the seeds the uninterrupted run gave it."""
+    full, _ = _producer()
+    assert [b.step for _ in range(3) for b in full] == list(range(9))
+    restart, _ = _producer()
+    restart.load_state_dict({"epoch": 1, "position": 1})
+    assert [b.step for _ in range(2) for b in restart] == list(range(4, 9))
+    plain = StatefulAsyncRollouts(_StubEngine(), [collate_prompts(_rows(2))] * 2)  # no state: a running count
+    assert [b.step for _ in range(2) for b in plain] == [0, 1, 2, 3]
+    for p in (full, restart, plain):
+        p.close()
 
 
 def test_async_restore_of_an_old_checkpoint_state_and_bad_states():
