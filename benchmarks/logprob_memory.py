@@ -14,7 +14,9 @@ Forward-only runs are under ``torch.no_grad()`` (old/reference log-probs); "fwd+
 ``log_probs.sum().backward()`` (parameter gradients are allocated in every mode). The reported memory is the peak RSS
 above the post-load baseline (``VmHWM - VmRSS`` before the run); the *head part* of a mode is its peak minus the
 ``backbone`` peak with the same backward setting (<= 0 when the head's peak stays under the backbone's own peak).
-Times are wall-clock and process CPU time (``time.process_time``, all threads) of the fastest repeat; on a shared
+Times are wall-clock and process CPU time (``time.process_time``, all threads) of the fastest repeat, with its
+system CPU time and minor page faults (``getrusage``: each fault is a 4 KiB page touched for the first time since the
+allocator got it from the kernel); on a shared
 machine the CPU time is the steadier basis for the ``CPU / naive`` ratio. Every run also prints ``sum log p`` so the
 two log-prob paths can be seen to agree.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -79,18 +82,22 @@ def worker(args: argparse.Namespace) -> dict:
     _step(model, args.mode, ids[:1, :16], mask[:1, :16], args.backward, args.chunk_size, mm)  # warm-up
     model.zero_grad(set_to_none=True)
     base = _release_and_reset_peak()
-    times, cpu_times = [], []
+    times, cpu_times, sys_times, faults = [], [], [], []
     for _ in range(args.repeats):
         model.zero_grad(set_to_none=True)
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, r0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         checksum = _step(model, args.mode, ids, mask, args.backward, args.chunk_size, mm)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
+        sys_times.append(r1.ru_stime - r0.ru_stime)
+        faults.append(r1.ru_minflt - r0.ru_minflt)
     seconds = min(times)
     peak = _status_kb("VmHWM") * 1024
     return dict(mode=args.mode, backward=args.backward, batch=args.batch, seq=args.seq, vocab=vocab,
                 chunk_size=args.chunk_size, matmul_dtype=args.matmul_dtype, threads=torch.get_num_threads(),
-                seconds=seconds, times=times, cpu_seconds=min(cpu_times), load_avg=os.getloadavg()[0],
+                seconds=seconds, times=times, cpu_seconds=min(cpu_times), sys_seconds=min(sys_times),
+                minor_faults=min(faults), load_avg=os.getloadavg()[0],
                 peak_above_base_gb=(peak - base) / GB, peak_rss_gb=peak / GB, checksum=checksum)
 
 
@@ -112,8 +119,8 @@ def run_fresh(mode: str, backward: bool, args: argparse.Namespace) -> dict:
 def table(results: list[dict]) -> str:
     base = {r["backward"]: r["peak_above_base_gb"] for r in results if r["mode"] == "backbone"}
     naive_s = {r["backward"]: r["cpu_seconds"] for r in results if r["mode"] == "naive"}
-    lines = ["| pass | path | wall (s) | CPU (s) | CPU / naive | peak above base (GB) | head part (GB) | sum log p |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| pass | path | wall (s) | CPU (s) | CPU / naive | sys CPU (s) | page faults (k) | "
+             "peak above base (GB) | head part (GB) | sum log p |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         head = r["peak_above_base_gb"] - base[r["backward"]] if r["backward"] in base else float("nan")
         ratio = r["cpu_seconds"] / naive_s[r["backward"]] if r["backward"] in naive_s else float("nan")
@@ -121,7 +128,8 @@ def table(results: list[dict]) -> str:
         is_bb = r["mode"] == "backbone"
         ratio_s, head_s, sum_s = ("-", "-", "-") if is_bb else (f"{ratio:.2f}x", f"{head:.2f}", f"{r['checksum']:.1f}")
         lines.append(f"| {'fwd+bwd' if r['backward'] else 'fwd'} | {name} | {r['seconds']:.1f} | "
-                     f"{r['cpu_seconds']:.1f} | {ratio_s} | {r['peak_above_base_gb']:.2f} | {head_s} | {sum_s} |")
+                     f"{r['cpu_seconds']:.1f} | {ratio_s} | {r['sys_seconds']:.2f} | {r['minor_faults'] / 1000:.0f} | "
+                     f"{r['peak_above_base_gb']:.2f} | {head_s} | {sum_s} |")
     return "\n".join(lines)
 
 
