@@ -440,7 +440,7 @@ class LitLLMCLI(LightningCLI):
                 wandb_project=self._get(self.config, "wandb_project", "lit-llm"),
                 wandb_name=self._get(self.config, "wandb_name"), wandb_tags=self._get(self.config, "wandb_tags"))
         trainer = super().instantiate_trainer(**kwargs)  # no process launched yet
-        check_model_parallel_sizes(trainer, (self._get(self.config, "trainer") or {}).get("strategy"))
+        check_model_parallel_sizes(trainer, self._get(self.config, "trainer"))
         return trainer
 
 
