@@ -38,6 +38,18 @@ def sleepy_reward(completions, **kwargs):
     return [0.0] * len(completions)
 
 
+class HoldAfterStop(Callback):
+    """Keeps a fit that a signal stopped alive 1.5 s longer, with GracefulStop's handlers still installed (its
+    ``on_train_end`` runs after this one's: ``--trainer.callbacks`` come before the modules' own), so that a copy
+    of the signal sent by the test after the first one's line reaches the handler, not the default action (a tiny
+    model's step ends within the test's polling interval). Used by the CLI subprocess as
+    ``test_graceful_stop.HoldAfterStop``."""
+
+    def on_train_end(self, trainer, pl_module):
+        if stop_exit_code(trainer) is not None:
+            time.sleep(1.5)
+
+
 def _command(tmp: Path, config: str, *args: str) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -99,6 +111,8 @@ def _stop_resume_and_compare(tmp: Path, config: str, key: str, signum: int, *arg
     """An uninterrupted run; a run signalled after its first logged step (exit 128 + signum, last.ckpt of the step
     it stopped at), resumed with ``--ckpt_path last``; both end with the same weights. ``twice``: the signal is sent
     again as soon as the first one's line is out (well within ``DEBOUNCE_S``): the same stop."""
+    if twice:
+        args = (*args, "--trainer.callbacks+=test_graceful_stop.HoldAfterStop")
     _run(tmp / "full", config, *args)
     proc, log = _start(tmp / "part", config, *args)
     _wait_for(lambda: len(_train_rows(tmp / "part", key)) >= 1, proc, log)
