@@ -86,6 +86,12 @@ class CLIConfigError(ValueError):
     that code catching the modules' ``ValueError`` keeps working."""
 
 
+class EveryRankError(ValueError):
+    """A refusal that every rank of a distributed run raises alike (worked out from what every rank holds, or after a
+    collective): ``lit-llm`` prints it once, on global rank 0 (:func:`lit_llm.lightning.console_errors.
+    print_user_error`); every rank still exits with status 2."""
+
+
 def debug_enabled() -> bool:
     """Whether :data:`DEBUG_ENV` asks for full parser messages and tracebacks."""
     return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")

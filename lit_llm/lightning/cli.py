@@ -60,9 +60,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 import lit_llm.lightning.grpo  # noqa: F401  (registers GRPOModule among PolicyModule's subclasses: --model.help)
 from lit_llm.cli_errors import CLIConfigError, OneLineErrors, debug_enabled, explain_config_error
-from lit_llm.cli_front import EXTRA_COMMANDS, PROG, answer_front, front
+from lit_llm.cli_front import EXTRA_COMMANDS, answer_front, front
 from lit_llm.lightning.callbacks import StepCheckpoint, ValidationSamples
 from lit_llm.lightning.checkpointing import check_checkpoint_file
+from lit_llm.lightning.console_errors import print_user_error
 from lit_llm.lightning.graceful_stop import stop_exit_code
 from lit_llm.lightning.module import PolicyModule, check_manual_optimization_options
 from lit_llm.lightning.policy_setup import sharded_init_for_trainer
@@ -440,7 +441,7 @@ class LitLLMCLI(LightningCLI):
                 wandb_project=self._get(self.config, "wandb_project", "lit-llm"),
                 wandb_name=self._get(self.config, "wandb_name"), wandb_tags=self._get(self.config, "wandb_tags"))
         trainer = super().instantiate_trainer(**kwargs)  # no process launched yet
-        check_model_parallel_sizes(trainer, (self._get(self.config, "trainer") or {}).get("strategy"))
+        check_model_parallel_sizes(trainer, self._get(self.config, "trainer"))
         return trainer
 
 
@@ -470,16 +471,15 @@ def main(args: Sequence[str] | None = None) -> LitLLMCLI | None:
 
 def run_console() -> None:
     """:func:`main` for the console script: a :data:`USER_ERRORS` error is printed as one ``lit-llm: error: ...``
-    message (:func:`~lit_llm.cli_errors.explain_config_error`; no traceback) and exits with status 2, unless
-    ``LIT_LLM_DEBUG`` is set (then it is raised); a fit stopped by ``SIGTERM`` / ``SIGINT``
-    (:class:`~lit_llm.lightning.graceful_stop.GracefulStop`) exits with status 143 / 130."""
+    message (:func:`~.console_errors.print_user_error`: no traceback; once for a refusal all ranks raise) and exits
+    with status 2 on every rank, unless ``LIT_LLM_DEBUG`` is set (then it is raised); a fit stopped by ``SIGTERM`` /
+    ``SIGINT`` (:class:`~lit_llm.lightning.graceful_stop.GracefulStop`) exits with status 143 / 130."""
     try:
         cli = main()
     except USER_ERRORS as e:
         if debug_enabled():
             raise
-        message = str(e) if isinstance(e, CLIConfigError) else explain_config_error(e)
-        sys.stderr.write(f"{PROG}: error: {message}\n")
+        print_user_error(e)
         raise SystemExit(2) from None
     except SIGTERMException:  # Lightning's own stop (a SIGTERM before training started): not status 0
         raise SystemExit(128 + signal.SIGTERM) from None

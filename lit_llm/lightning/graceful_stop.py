@@ -21,16 +21,25 @@ training:
    (``ModelParallelStrategy``) is written beside its place and swapped in by the CLI's
    :class:`~lit_llm.lightning.callbacks.StepCheckpoint` (:mod:`lit_llm.lightning.sharded_save`), so the previous
    complete checkpoint stays (a ``ModelCheckpoint`` of your own under that strategy rewrites its folders in place:
-   Lightning's behaviour).
+   Lightning's behaviour);
+5. the **same** signal again within :data:`DEBOUNCE_S` (2 s) of the first is not a second one but the same request
+   delivered twice (a job runner that signals the whole process group, e.g. ``timeout`` with a group kill, SLURM,
+   ``kill -- -PGID``, or torchrun forwarding a signal its workers also got, reaches a process twice within
+   milliseconds): one line on stderr, and the stop goes on as in 1-3. The other stop signal within the window, or
+   the same one after it, exits at once (4). The window is timed when Python runs the handler
+   (:func:`time.monotonic`, read in the main thread between bytecodes), not at delivery: copies that arrive while
+   the main thread is inside one C call run the handler once; a C call longer than the window between the two
+   would make the copy a second signal.
 
 Lightning's own ``SIGTERM`` handling (``_SignalConnector``: sets ``trainer.received_sigterm``, which makes its loops
 raise ``SIGTERMException`` after the batch: a ``SystemExit`` with status 0, loggers finalized as failed, no checkpoint;
 under DDP it broadcasts from inside the signal handler) is registered when the trainer starts running; this callback
 replaces both handlers from ``on_train_start`` to ``on_train_end`` (Lightning restores the originals at its teardown)
 and still honours ``trainer.received_sigterm`` for a ``SIGTERM`` that arrived before training started. Handlers can
-only be installed from the main thread (elsewhere the callback does nothing). A main thread blocked inside a C call
-(a collective waiting for a hung rank) runs Python signal handlers only when the call returns: then only ``SIGKILL``
-ends the process.
+only be installed from the main thread (elsewhere the callback does nothing); a ``SIGTERM`` Lightning received
+before counts as a first signal received at ``on_train_start`` (for the window). A main thread blocked inside a C
+call (a collective waiting for a hung rank) runs Python signal handlers only when the call returns: then only
+``SIGKILL`` ends the process.
 
 The modules add the callback themselves (:meth:`~lit_llm.lightning.module.PolicyModule.configure_callbacks`), so
 ``--trainer.callbacks`` cannot drop it; ``trainer.fit`` called from Python returns normally after a stop
@@ -42,6 +51,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,10 +62,13 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_llm.lightning.callbacks import validation_follows
 
-__all__ = ["STOP_SIGNALS", "GracefulStop", "stop_exit_code"]
+__all__ = ["DEBOUNCE_S", "STOP_SIGNALS", "GracefulStop", "stop_exit_code"]
 
 #: The signals that stop a fit gracefully.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Seconds after the first stop signal within which the same signal again is the same request delivered twice (a
+#: process group signalled as a whole), not the second signal that exits at once.
+DEBOUNCE_S = 2.0
 
 
 def _say(text: str) -> None:
@@ -68,13 +82,18 @@ def _say(text: str) -> None:
 class GracefulStop(Callback):
     """Stop ``fit`` cleanly on ``SIGTERM`` / ``SIGINT`` (see the module docstring).
 
+    Args:
+        clock: seconds of a monotonic clock, read in the signal handler for :data:`DEBOUNCE_S` (tests pass a fake).
+
     Attributes:
         signal: the signal that stopped the fit (any rank's; ``None`` while running or when it ended otherwise).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.signal: int | None = None
+        self._clock = clock
         self._received: int | None = None
+        self._received_at = 0.0
         self._previous: dict[int, Any] = {}
         self._trainer: Trainer | None = None
         self._limit_val_batches: int | float | None = None
@@ -84,7 +103,7 @@ class GracefulStop(Callback):
         """Install the handlers (main thread only); a ``SIGTERM`` Lightning already received counts as the first."""
         self.signal, self._received, self._trainer = None, None, trainer
         if trainer.received_sigterm:
-            self._received = signal.SIGTERM
+            self._received, self._received_at = signal.SIGTERM, self._clock()
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in STOP_SIGNALS:
@@ -114,10 +133,15 @@ class GracefulStop(Callback):
         name = signal.Signals(signum).name
         trainer = self._trainer
         rank = f"[rank {trainer.global_rank}] " if trainer is not None and trainer.world_size > 1 else ""
+        now = self._clock()  # a Python handler runs in the main thread between bytecodes: any call is safe here
         if self._received is None:
-            self._received = signum
+            self._received, self._received_at = signum, now
             _say(f"{rank}lit-llm: {name} received: stopping after the current optimizer step and writing last.ckpt "
-                 f"(exit status {128 + signum}); send it again to exit at once.")
+                 f"(exit status {128 + signum}); send it again after {DEBOUNCE_S:g} s to exit at once.")
+            return
+        if signum == self._received and now - self._received_at < DEBOUNCE_S:  # one request delivered twice
+            _say(f"{rank}lit-llm: {name} again within {DEBOUNCE_S:g} s of the first: the same stop request (still "
+                 f"stopping after the current optimizer step).")
             return
         _say(f"{rank}lit-llm: second {name}: exiting at once (a checkpoint being written is dropped; the last "
              f"complete one stays).")

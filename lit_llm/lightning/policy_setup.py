@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from lit_llm.cli_errors import EveryRankError
 from lit_llm.models import ModelConfig
 
 __all__ = ["MICRO_BATCH_FIX", "check_lora_targets", "check_manual_optimization_options",
@@ -371,7 +372,8 @@ def check_sharded_micro_batches(module: Any, count: int) -> None:
     :func:`~lit_llm.policy.sharding.check_same_count`: one all-reduce and one host read per step). No-op otherwise.
 
     Raises:
-        ValueError: the counts differ (names ``data.batch_size`` / ``data.micro_batch_size`` and the fix).
+        EveryRankError: (a ``ValueError``, raised on every rank) the counts differ (names ``data.batch_size`` /
+            ``data.micro_batch_size`` and the fix).
     """
     from lit_llm.policy.sharding import check_same_count, is_sharded
 
@@ -388,8 +390,8 @@ def check_sharded_step_plan(module: Any, loader: Any) -> None:
     prompts: equal counts by construction) are left to the per-step :func:`check_sharded_micro_batches`.
 
     Raises:
-        ValueError: one line with the counts per rank, the step's size, and the fix of
-            :func:`check_sharded_micro_batches`.
+        EveryRankError: (a ``ValueError``; every rank raises it alike: ``lit-llm`` prints it once) one line with the
+            counts per rank, the step's size, and the fix of :func:`check_sharded_micro_batches`.
     """
     from lit_llm.policy.sharding import is_sharded
 
@@ -406,7 +408,7 @@ def check_sharded_step_plan(module: Any, loader: Any) -> None:
         counts = [-(-len(s) // m) for s in steps]
         if len(set(counts)) > 1:
             shown = ", ".join(f"rank {k}: {c}" for k, c in enumerate(counts))
-            raise ValueError(
+            raise EveryRankError(
                 f"Sharded training: one step of every epoch would give the ranks different numbers of micro-batches "
                 f"({shown}: {len(loader.samples)} training samples leave a step of {sum(map(len, steps))} for "
                 f"{world} ranks x data.batch_size {loader.batch_size}, data.micro_batch_size {m}); FSDP2 needs the "

@@ -80,14 +80,25 @@ def resolve_strategy(strategy: Any) -> Any:
     return strategy
 
 
-def check_model_parallel_sizes(trainer: Any, strategy: Any) -> None:
+def _shown_devices(given: Any, devices: int) -> str:
+    """``--trainer.devices`` as the user gave it, with what it resolved to when that is not the same number
+    (``auto (1 device here)``, ``-1 (4 devices here)``, ``[0, 1] (2 devices here)``)."""
+    if given is None or str(given).strip() == str(devices):
+        return f"--trainer.devices {devices}"
+    shown = "[" + ", ".join(map(str, given)) + "]" if isinstance(given, (list, tuple)) else str(given)
+    return f"--trainer.devices {shown} ({devices} device{'s' if devices != 1 else ''} here)"
+
+
+def check_model_parallel_sizes(trainer: Any, config: Any) -> None:
     """Under ``ModelParallelStrategy`` (``trainer.strategy``), refuse sizes that do not fit the processes, or a
     tensor-parallel size above 1, before any process is launched. ``auto`` sizes are Lightning's: data parallel =
     ``trainer.num_nodes``, tensor parallel = ``trainer.num_devices`` (the devices per node).
 
     Args:
         trainer: the built ``Trainer`` (``strategy``, ``num_devices``, ``num_nodes`` are read).
-        strategy: the ``trainer.strategy`` config value (its ``init_args``: the sizes as given, ``auto`` kept).
+        config: the ``trainer`` section of the parsed config (a mapping or ``None``): its ``strategy``'s
+            ``init_args`` (the sizes as given, ``auto`` kept) and ``devices`` as given (shown with what it resolved
+            to: ``--trainer.devices auto (1 device here)``).
 
     Raises:
         ValueError: one line naming ``--trainer.devices`` and the two size options, with the values to give.
@@ -96,6 +107,8 @@ def check_model_parallel_sizes(trainer: Any, strategy: Any) -> None:
 
     if not isinstance(trainer.strategy, ModelParallelStrategy):
         return
+    config = config if callable(getattr(config, "get", None)) else {}
+    strategy = config.get("strategy")
     init = (strategy.get("init_args") if callable(getattr(strategy, "get", None)) else None) or {}
     given = [init.get("data_parallel_size", "auto"), init.get("tensor_parallel_size", "auto")]
     devices, nodes = trainer.num_devices, trainer.num_nodes
@@ -105,9 +118,9 @@ def check_model_parallel_sizes(trainer: Any, strategy: Any) -> None:
     nodes_shown = f" x --trainer.num_nodes {nodes}" if nodes > 1 else ""
     fix = f"Fix: {_SIZES[0]} {world} {_SIZES[1]} 1"
     if dp * tp != world:
-        raise ValueError(f"--trainer.devices {devices}{nodes_shown} makes {world} processes, but {shown} is a mesh of "
-                         f"{dp * tp}. {fix}" + (f", or --trainer.devices {dp // nodes}." if tp == 1 and dp % nodes == 0
-                                                 else "."))
+        raise ValueError(f"{_shown_devices(config.get('devices'), devices)}{nodes_shown} makes {world} "
+                         f"process{'es' if world != 1 else ''}, but {shown} is a mesh of {dp * tp}. {fix}"
+                         + (f", or --trainer.devices {dp // nodes}." if tp == 1 and dp % nodes == 0 else "."))
     if tp > 1:
         why = f" (Lightning's default: the {tp} devices per node)" if given[1] == "auto" else ""
         raise ValueError(f"{_SIZES[1]} {given[1]}{why}: lit-llm shards with data-parallel FSDP2 only, not tensor "

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_llm.cli_errors import EveryRankError
 from lit_llm.policy.logprobs import _backbone_and_head, base_causal_lm
 
 __all__ = ["check_same_count", "decoder_layers", "fill_from_rank0", "fsdp_units", "full_tensor", "gathered", "is_meta",
@@ -170,13 +171,14 @@ def check_same_count(count: int, all_sum: Any, world: int, *, what: str, fix: st
         device: where the reduced tensor lives (the strategy's root device: NCCL reduces GPU tensors).
 
     Raises:
-        ValueError: the counts differ (this rank's count, ``what`` and ``fix`` named).
+        EveryRankError: (a ``ValueError``) the counts differ (this rank's count, ``what`` and ``fix`` named); every
+            rank raises it (the same decision), so ``lit-llm`` prints rank 0's.
     """
     if world <= 1:
         return
     total, squares = all_sum(torch.tensor([float(count), float(count) ** 2], device=device)).tolist()
     if world * squares != total * total:
-        raise ValueError(f"Sharded training: the ranks have different numbers of {what} in this step (this rank: "
+        raise EveryRankError(f"Sharded training: the ranks have different numbers of {what} in this step (this rank: "
                          f"{count}, mean {total / world:g}); FSDP2 needs the same forward passes on every rank. "
                          f"Fix: {fix}")
 

@@ -1,9 +1,12 @@
 """SIGTERM / SIGINT stop ``lit-llm fit`` cleanly (issue 30 item 3), from the user's side: the CLI in a subprocess is
 signalled once a training step is logged; it ends after the step with ``last.ckpt`` and exit status 143 (SIGTERM) /
-130 (SIGINT), and ``--ckpt_path last`` reaches the same final weights as an uninterrupted run. A second signal exits
-at once, even while a reward function hangs. Under DDP (2 gloo ranks) both ranks stop together. In process (fast): a
-``Trainer.fit`` signalled at a step stops after it with ``last.ckpt`` and gives the handlers back; a SIGTERM that
-Lightning's own handler took before training started still stops after the first step with ``last.ckpt``."""
+130 (SIGINT), and ``--ckpt_path last`` reaches the same final weights as an uninterrupted run, also when the SIGTERM
+comes twice in a row (a process group signalled as a whole: the copy within ``DEBOUNCE_S`` is the same request). A
+second signal after that window exits at once, even while a reward function hangs. Under DDP (2 gloo ranks) both
+ranks stop together. In process (fast): a ``Trainer.fit`` signalled at a step (once, or twice back to back) stops
+after it with ``last.ckpt`` and gives the handlers back; the handler with a fake clock: the same signal within the
+window is ignored, after it (or the other signal within it) exits at once; a SIGTERM that Lightning's own handler
+took before training started still stops after the first step with ``last.ckpt``."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lit_llm.lightning.graceful_stop import GracefulStop, stop_exit_code
+from lit_llm.lightning.graceful_stop import DEBOUNCE_S, GracefulStop, stop_exit_code
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -32,6 +36,18 @@ def sleepy_reward(completions, **kwargs):
     """A reward function that takes 60 s (imported by the CLI subprocess as ``test_graceful_stop:sleepy_reward``)."""
     time.sleep(60)
     return [0.0] * len(completions)
+
+
+class HoldAfterStop(Callback):
+    """Keeps a fit that a signal stopped alive 1.5 s longer, with GracefulStop's handlers still installed (its
+    ``on_train_end`` runs after this one's: ``--trainer.callbacks`` come before the modules' own), so that a copy
+    of the signal sent by the test after the first one's line reaches the handler, not the default action (a tiny
+    model's step ends within the test's polling interval). Used by the CLI subprocess as
+    ``test_graceful_stop.HoldAfterStop``."""
+
+    def on_train_end(self, trainer, pl_module):
+        if stop_exit_code(trainer) is not None:
+            time.sleep(1.5)
 
 
 def _command(tmp: Path, config: str, *args: str) -> tuple[list[str], dict[str, str]]:
@@ -91,19 +107,30 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
 
 
-def _stop_resume_and_compare(tmp: Path, config: str, key: str, signum: int, *args: str) -> None:
+def _stop_resume_and_compare(tmp: Path, config: str, key: str, signum: int, *args: str, twice: bool = False) -> None:
     """An uninterrupted run; a run signalled after its first logged step (exit 128 + signum, last.ckpt of the step
-    it stopped at), resumed with ``--ckpt_path last``; both end with the same weights."""
+    it stopped at), resumed with ``--ckpt_path last``; both end with the same weights. ``twice``: the signal is sent
+    again as soon as the first one's line is out (well within ``DEBOUNCE_S``): the same stop."""
+    if twice:
+        args = (*args, "--trainer.callbacks+=test_graceful_stop.HoldAfterStop")
     _run(tmp / "full", config, *args)
     proc, log = _start(tmp / "part", config, *args)
     _wait_for(lambda: len(_train_rows(tmp / "part", key)) >= 1, proc, log)
     proc.send_signal(signum)
+    name = signal.Signals(signum).name
+    if twice:
+        t0 = time.monotonic()
+        _wait_for(lambda: f"lit-llm: {name} received" in log.read_text(), proc, log, timeout=30)
+        proc.send_signal(signum)
+        assert time.monotonic() - t0 < DEBOUNCE_S  # the test machine was quick enough for the copy to be one
     code = _finish(proc, log)
     out = log.read_text()
-    name = signal.Signals(signum).name
     assert code == 128 + signum, out[-4000:]
     assert (f"lit-llm: {name} received: stopping after the current optimizer step and writing last.ckpt (exit "
-            f"status {128 + signum}); send it again to exit at once.") in out
+            f"status {128 + signum}); send it again after 2 s to exit at once.") in out
+    again = (f"lit-llm: {name} again within 2 s of the first: the same stop request (still stopping after the "
+             f"current optimizer step).")
+    assert out.count(again) == int(twice) and "second SIGTERM" not in out, out[-4000:]
     last = tmp / "part" / "checkpoints" / "last.ckpt"
     stopped_at = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
     full_steps = torch.load(tmp / "full" / "checkpoints" / "last.ckpt", map_location="cpu",
@@ -120,8 +147,9 @@ def _stop_resume_and_compare(tmp: Path, config: str, key: str, signum: int, *arg
 
 
 @pytest.mark.slow
-def test_sft_sigterm_stops_after_the_step_with_last_ckpt_and_resumes_exactly(tmp_path):
-    _stop_resume_and_compare(tmp_path, "sft_tiny.yaml", "train/loss", signal.SIGTERM, "--trainer.max_steps", "12")
+def test_sft_sigterm_twice_in_a_row_stops_after_the_step_with_last_ckpt_and_resumes_exactly(tmp_path):
+    _stop_resume_and_compare(tmp_path, "sft_tiny.yaml", "train/loss", signal.SIGTERM, "--trainer.max_steps", "12",
+                             twice=True)
 
 
 @pytest.mark.slow
@@ -139,6 +167,7 @@ def test_a_second_sigterm_exits_at_once_while_a_reward_function_hangs(tmp_path):
     time.sleep(5)  # training started: inside the first rollout (its reward call takes 60 s)
     proc.send_signal(signal.SIGTERM)
     _wait_for(lambda: "lit-llm: SIGTERM received" in log.read_text(), proc, log, timeout=30)
+    time.sleep(DEBOUNCE_S + 0.5)  # after the window: a second request, not the first one delivered twice
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     code = _finish(proc, log, timeout=30)
@@ -185,29 +214,81 @@ def test_ddp_sigterm_to_one_rank_stops_both_ranks_together(tmp_path):
 
 
 class _SignalAt(Callback):
-    """Sends ``signum`` to this process at the end of training batch ``at`` (before GracefulStop's hook runs)."""
+    """Sends ``signum`` to this process ``times`` times in a row at the end of training batch ``at`` (before
+    GracefulStop's hook runs)."""
 
-    def __init__(self, signum: int, at: int) -> None:
-        self.signum, self.at = signum, at
+    def __init__(self, signum: int, at: int, times: int = 1) -> None:
+        self.signum, self.at, self.times = signum, at, times
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch_idx == self.at:
-            os.kill(os.getpid(), self.signum)
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)  # Python runs the handler when the call returns
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_in_process_fit_stops_after_the_signalled_step_with_last_ckpt(tmp_path, signum):
+@pytest.mark.parametrize(("signum", "times"), [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2),
+                                               (signal.SIGINT, 2)])
+def test_in_process_fit_stops_after_the_signalled_step_with_last_ckpt(tmp_path, capfd, signum, times):
+    """Signalled at step 3, once or twice back to back (the copy: one line, the same stop)."""
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     stop = GracefulStop()
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=100)
     trainer = Trainer(max_steps=20, limit_val_batches=0, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, callbacks=[_SignalAt(signum, 2), stop, ckpt],
+                      enable_model_summary=False, callbacks=[_SignalAt(signum, 2, times), stop, ckpt],
                       default_root_dir=tmp_path)
     trainer.fit(BoringModel())
     assert (trainer.global_step, stop.signal, stop_exit_code(trainer)) == (3, signum, 128 + signum)
     assert torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 3
     assert {s: signal.getsignal(s) for s in before} == before  # the handlers are given back
     assert stop_exit_code(Trainer(logger=False, callbacks=[GracefulStop()])) is None
+    name = signal.Signals(signum).name
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("lit-llm: ")]
+    assert lines == [f"lit-llm: {name} received: stopping after the current optimizer step and writing last.ckpt "
+                     f"(exit status {128 + signum}); send it again after 2 s to exit at once."] + [
+        f"lit-llm: {name} again within 2 s of the first: the same stop request (still stopping after the current "
+        f"optimizer step)."] * (times - 1)
+
+
+class _Launcher:
+    def __init__(self) -> None:
+        self.killed: list[int] = []
+
+    def kill(self, signum: int) -> None:
+        self.killed.append(signum)
+
+
+@pytest.mark.parametrize(("first", "second", "after", "exits"), [
+    (signal.SIGTERM, signal.SIGTERM, 0.0, False), (signal.SIGTERM, signal.SIGTERM, DEBOUNCE_S - 0.01, False),
+    (signal.SIGINT, signal.SIGINT, 1.0, False), (signal.SIGTERM, signal.SIGTERM, DEBOUNCE_S, True),
+    (signal.SIGINT, signal.SIGINT, 60.0, True), (signal.SIGTERM, signal.SIGINT, 0.0, True),
+    (signal.SIGINT, signal.SIGTERM, 0.5, True)])
+def test_a_second_signal_exits_at_once_unless_it_is_the_same_within_the_window(monkeypatch, capfd, first, second,
+                                                                              after, exits):
+    """The handler itself, with a fake clock and ``os.kill`` / ``signal.signal`` recorded (nothing is delivered): the
+    same signal less than ``DEBOUNCE_S`` after the first is ignored with one line; at or after it, or the other
+    signal at any time, kills the DDP ranks this process launched and the process itself with that signal."""
+    calls = []
+    monkeypatch.setattr(os, "kill", lambda pid, signum: calls.append(("kill", pid, signum)))
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: calls.append(("signal", signum, handler)))
+    now = [100.0]
+    stop, launcher = GracefulStop(clock=lambda: now[0]), _Launcher()
+    stop._trainer = SimpleNamespace(global_rank=1, world_size=2, strategy=SimpleNamespace(launcher=launcher))
+    stop._handle(first, None)
+    now[0] += after
+    stop._handle(second, None)
+    err = capfd.readouterr().err.splitlines()
+    assert err[0].startswith(f"[rank 1] lit-llm: {signal.Signals(first).name} received: stopping")
+    name = signal.Signals(second).name
+    if exits:
+        assert err[1:] == [f"[rank 1] lit-llm: second {name}: exiting at once (a checkpoint being written is "
+                           f"dropped; the last complete one stays)."]
+        assert calls == [("signal", second, signal.SIG_DFL), ("kill", os.getpid(), second)]
+        assert launcher.killed == [signal.SIGKILL]
+    else:
+        assert err[1:] == [f"[rank 1] lit-llm: {name} again within 2 s of the first: the same stop request (still "
+                           f"stopping after the current optimizer step)."]
+        assert calls == [] and launcher.killed == []
+    assert stop._received == first  # what the safe point acts on
 
 
 def test_a_sigterm_lightning_received_before_training_started_stops_after_the_first_step(tmp_path):

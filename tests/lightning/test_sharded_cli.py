@@ -57,10 +57,15 @@ def fake_trainer(devices: int, nodes: int = 1) -> SimpleNamespace:
     return SimpleNamespace(strategy=ModelParallelStrategy(), num_devices=devices, num_nodes=nodes)
 
 
-def sizes_error(devices: int, dp, tp, nodes: int = 1) -> str:
+def sharded_config(dp, tp, devices=None) -> dict:
+    """The ``trainer`` section of a parsed config (``devices``: as given; ``None``: left out)."""
+    return {"strategy": {"init_args": {"data_parallel_size": dp, "tensor_parallel_size": tp}},
+            **({} if devices is None else {"devices": devices})}
+
+
+def sizes_error(devices: int, dp, tp, nodes: int = 1, given=None) -> str:
     with pytest.raises(ValueError) as e:
-        check_model_parallel_sizes(fake_trainer(devices, nodes), {"init_args": {"data_parallel_size": dp,
-                                                                               "tensor_parallel_size": tp}})
+        check_model_parallel_sizes(fake_trainer(devices, nodes), sharded_config(dp, tp, given))
     return str(e.value)
 
 
@@ -77,9 +82,20 @@ def test_sizes_against_devices_and_tensor_parallel():
     assert sizes_error(2, 1, 2) == (
         f"{TP} 2: lit-llm shards with data-parallel FSDP2 only, not tensor parallel. Fix: {DP} 2 {TP} 1.")
     for devices, dp, tp in [(2, 2, 1), (1, "auto", "auto"), (4, 4, 1)]:  # what runs
-        check_model_parallel_sizes(fake_trainer(devices), {"init_args": {"data_parallel_size": dp,
-                                                                         "tensor_parallel_size": tp}})
+        check_model_parallel_sizes(fake_trainer(devices), sharded_config(dp, tp, "auto"))
     check_model_parallel_sizes(SimpleNamespace(strategy="ddp"), None)  # not sharded: nothing read
+
+
+def test_devices_shown_as_given_with_what_they_resolved_to():
+    """A user who typed ``auto`` (or ``-1``, a list) reads it back, with the number of devices it made here; a number
+    is shown once."""
+    assert sizes_error(1, 2, 1, given="auto") == (
+        f"--trainer.devices auto (1 device here) makes 1 process, but {DP} 2 x {TP} 1 is a mesh of 2. Fix: {DP} 1 "
+        f"{TP} 1, or --trainer.devices 2.")
+    assert sizes_error(4, 2, 1, given=-1).startswith("--trainer.devices -1 (4 devices here) makes 4 processes, but ")
+    assert sizes_error(2, 4, 1, given=[0, 1]).startswith("--trainer.devices [0, 1] (2 devices here) makes 2 ")
+    assert sizes_error(2, 4, 1, given="2").startswith("--trainer.devices 2 makes 2 processes, but ")
+    assert sizes_error(2, 4, 1, given=2).startswith("--trainer.devices 2 makes 2 processes, but ")
 
 
 def test_bare_model_parallel_on_two_devices_is_one_line_naming_both_sizes(tmp_path):
@@ -91,6 +107,18 @@ def test_bare_model_parallel_on_two_devices_is_one_line_naming_both_sizes(tmp_pa
     assert str(e.value).splitlines() == [
         f"{TP} auto (Lightning's default: the 2 devices per node): lit-llm shards with data-parallel FSDP2 only, not "
         f"tensor parallel. Fix: {DP} 2 {TP} 1.",
+        "  (LIT_LLM_DEBUG=1 shows the traceback)"]
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_devices_auto_on_the_command_line_is_shown_as_given(tmp_path):
+    """The fresh user's case: ``--trainer.devices auto`` (1 CPU device here) with a mesh of 2."""
+    with pytest.raises(CLIConfigError) as e:
+        main(["fit", "--config", SFT, "--trainer.devices", "auto", "--trainer.strategy", "ModelParallelStrategy",
+              DP, "2", TP, "1", "--trainer.default_root_dir", str(tmp_path)])
+    assert str(e.value).splitlines() == [
+        f"--trainer.devices auto (1 device here) makes 1 process, but {DP} 2 x {TP} 1 is a mesh of 2. Fix: {DP} 1 "
+        f"{TP} 1, or --trainer.devices 2.",
         "  (LIT_LLM_DEBUG=1 shows the traceback)"]
     assert not any(tmp_path.iterdir())  # nothing written
 
@@ -185,7 +213,7 @@ def test_grpo_prompt_loader_left_to_the_per_step_check(monkeypatch):
 @pytest.mark.timeout(300)
 def test_uneven_micro_batches_stop_two_sharded_ranks_before_the_first_step(tmp_path):
     """Through the console script with 2 gloo ranks (~20 s): both ranks stop at the start of training with the one
-    line (exit status 2, no hang, no step run)."""
+    line, printed once (by rank 0; exit status 2, no hang, no step run)."""
     import os
     import subprocess
     import sys
@@ -201,9 +229,9 @@ def test_uneven_micro_batches_stop_two_sharded_ranks_before_the_first_step(tmp_p
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("lit-llm: error: ")]
-    assert errors and set(errors) == {
+    assert errors == [
         "lit-llm: error: Sharded training: one step of every epoch would give the ranks different numbers of "
         "micro-batches (rank 0: 2, rank 1: 1: 13 training samples leave a step of 5 for 2 ranks x data.batch_size 4, "
         f"data.micro_batch_size 2); FSDP2 needs the same forward passes on every rank. Fix: "
-        f"{policy_setup.MICRO_BATCH_FIX}"}, proc.stderr[-3000:]
+        f"{policy_setup.MICRO_BATCH_FIX}"], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and not (tmp_path / "checkpoints").exists()
