@@ -144,6 +144,7 @@ class PolicyVersionSwitch(Callback):
         self.num_rollouts = self.num_greedy_calls = self.num_dropped = self.num_syncs = 0
         self._trainer: Trainer | None = None
         self._max_steps: int | None = None
+        self._loader_states: list[dict[str, Any]] = []  # the restored checkpoint's prompt-loader state
 
     # the mode, read from the engine's settings
     rollout_mode = property(lambda self: self.settings.rollout_mode, doc="``sync`` or ``async``.")
@@ -401,6 +402,13 @@ class PolicyVersionSwitch(Callback):
         if self.reference_version is not None and not is_meta(self.reference_version.model):  # meta: configure_model
             self.reference_version.model.to(trainer.strategy.root_device)  # the module is moved there after setup
 
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Keep the checkpoint's prompt-loader state for :meth:`on_train_start` (and let Lightning resume inside an
+        epoch ``max_steps`` stopped): :func:`~lit_llm.lightning.grpo_data.resume_prompt_loader`."""
+        from lit_llm.lightning.grpo_data import resume_prompt_loader
+
+        self._loader_states = resume_prompt_loader(checkpoint)
+
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._run += 1  # a checkpoint, if any, is restored by now: the engine starts from these weights
         self.push_weights()
@@ -410,6 +418,12 @@ class PolicyVersionSwitch(Callback):
             self._run += 1  # `validate --ckpt_path`: restored before this hook; pushed before the first generation
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Also continues the prompt plan where the restored checkpoint left it, where Lightning did not load the
+        loader's state (an epoch that counts as finished, ``max_steps == -1``), before the first batch is drawn."""
+        from lit_llm.lightning.grpo_data import restore_prompt_loader
+
+        states, self._loader_states = self._loader_states, []
+        restore_prompt_loader(trainer.train_dataloader, states)
         total = trainer.max_steps if trainer.max_steps >= 0 else trainer.estimated_stepping_batches
         self._max_steps = int(total) if total != float("inf") else -1
 
