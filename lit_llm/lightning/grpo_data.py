@@ -24,7 +24,8 @@ the :class:`~lit_llm.rollouts.EpisodeEngine` (tools included), so ``prompt_ids``
 
 The training loader is stateful (``state_dict``/``load_state_dict``, saved by Lightning in checkpoints) so a resumed
 run sees the same prompts as an uninterrupted one (where Lightning does not load the state back, GRPO's
-:class:`~lit_llm.lightning.versions.PolicyVersionSwitch` does: :func:`resume_prompt_loader`); in DDP each rank takes
+:class:`~lit_llm.lightning.versions.PolicyVersionSwitch` does: :func:`~lit_llm.lightning.versions.
+resume_train_loader`); in DDP each rank takes
 its own share of every step's prompts. With
 ``rollout_mode: async`` the checkpoint holds the position of the batches training consumed, not of those the
 background producer drew ahead (:class:`~lit_llm.lightning.versions.StatefulAsyncRollouts`). The
@@ -51,8 +52,7 @@ from lit_llm.lightning.datamodules import model_context, module_attr, template_o
 from lit_llm.rollouts.engine import RESERVED_KEYS
 
 __all__ = ["BUILTIN_TASKS", "ENVIRONMENT_TASKS", "GRPODataModule", "PromptBatchLoader", "collate_prompts",
-           "environment_rows", "gsm8k_prompts", "prompt_rows", "restore_prompt_loader",
-           "resume_prompt_loader"]
+           "environment_rows", "gsm8k_prompts", "prompt_rows"]
 
 #: Tasks whose prompts are the synthetic rows of a built-in environment (``make_rows``), for GRPO with
 #: ``model.environment`` set to the same name.
@@ -286,48 +286,6 @@ class PromptBatchLoader:
         if epoch < 0 or position < 0:
             raise ValueError(f"PromptBatchLoader.load_state_dict: epoch and position must be >= 0, got {state!r}.")
         self.epoch, self.position = epoch, position
-
-
-def resume_prompt_loader(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
-    """Prepare a GRPO checkpoint for an exact resume of its prompt plan; return the train loader's saved state.
-
-    Lightning's fit loop saves the train loader's ``state_dict`` (``loops.fit_loop.state_dict.combined_loader``, one
-    entry per loader) but loads it back only when it counts the run as restarting mid-epoch: not with
-    ``max_steps == -1`` when the checkpoint's epoch counts as finished, so the loader would start again at epoch 0.
-    The caller (:class:`~lit_llm.lightning.versions.PolicyVersionSwitch`) loads the returned state into the loader
-    itself when Lightning did not (:func:`restore_prompt_loader`).
-
-    An epoch that ``max_steps`` ended before its last batch also counts as finished in Lightning's checkpoint (a resume
-    with more ``max_epochs`` would skip the rest of it and count one epoch too many); this rewrites the checkpoint's
-    ``epoch_progress`` (in place) to the mid-epoch state a checkpoint written during that epoch holds, so Lightning
-    resumes inside that epoch. Checkpoints of any lit_llm version load (no key of ours is read).
-
-    Returns:
-        The saved loader states (``[]`` when the checkpoint holds none).
-    """
-    fit = checkpoint.get("loops", {}).get("fit_loop", {})
-    batches, epochs = fit.get("epoch_loop.batch_progress"), fit.get("epoch_progress")
-    if batches and epochs and not batches.get("is_last_batch", True) and batches["current"]["processed"] > 0:
-        for p in (epochs["total"], epochs["current"]):  # stopped by max_steps before its epoch's last batch
-            if p["ready"] == p["started"] == p["processed"] == p["completed"] > 0:
-                p["processed"] = p["completed"] = p["started"] - 1
-    return list(fit.get("state_dict", {}).get("combined_loader") or [])
-
-
-def restore_prompt_loader(loader: Any, states: Sequence[Mapping[str, Any]]) -> bool:
-    """Load the single saved state of :func:`resume_prompt_loader` into the train ``loader``
-    (:class:`PromptBatchLoader` or the asynchronous producer over it) unless it already holds it (Lightning restored
-    it). Call before the loader's first ``next()``.
-
-    Returns:
-        Whether it loaded the state (``False``: none saved, already restored, or a loader without ``state_dict``).
-    """
-    if len(states) != 1 or not callable(getattr(loader, "load_state_dict", None)):
-        return False
-    if callable(getattr(loader, "state_dict", None)) and loader.state_dict() == dict(states[0]):
-        return False
-    loader.load_state_dict(dict(states[0]))
-    return True
 
 
 class GRPODataModule(LightningDataModule):

@@ -13,15 +13,13 @@ from lightning.pytorch import LightningModule, Trainer
 
 from lit_llm.data.arithmetic import arithmetic_prompts, arithmetic_split
 from lit_llm.data.datasets import DataFormatError
-from lit_llm.lightning.grpo_data import (
-    GRPODataModule,
-    PromptBatchLoader,
-    collate_prompts,
-    gsm8k_prompts,
-    restore_prompt_loader,
-    resume_prompt_loader,
+from lit_llm.lightning.grpo_data import GRPODataModule, PromptBatchLoader, collate_prompts, gsm8k_prompts
+from lit_llm.lightning.versions import (
+    PolicyVersionSwitch,
+    StatefulAsyncRollouts,
+    restore_train_loader,
+    resume_train_loader,
 )
-from lit_llm.lightning.versions import PolicyVersionSwitch, StatefulAsyncRollouts
 
 
 def _problem(row):
@@ -411,7 +409,7 @@ def test_resume_continues_the_prompt_plan_where_the_checkpoint_left_it(tmp_path,
     assert part == full
 
 
-def test_resume_prompt_loader_counts_a_max_steps_stopped_epoch_as_unfinished():
+def test_resume_train_loader_counts_a_max_steps_stopped_epoch_as_unfinished():
     """The checkpoint rewrite: only an epoch stopped before its last batch with every count equal becomes the state a
     mid-epoch checkpoint holds; finished epochs, mid-epoch checkpoints and checkpoints without loops are left as
     they are."""
@@ -424,18 +422,18 @@ def test_resume_prompt_loader_counts_a_max_steps_stopped_epoch_as_unfinished():
                                           "is_last_batch": is_last_batch}}}}
 
     stopped = checkpoint((2, 2, 2, 2), 1, False)
-    assert resume_prompt_loader(stopped) == [{"epoch": 1, "position": 1}]
+    assert resume_train_loader(stopped) == [{"epoch": 1, "position": 1}]
     assert stopped["loops"]["fit_loop"]["epoch_progress"]["total"] == {"ready": 2, "started": 2, "processed": 1,
                                                                        "completed": 1}
     assert stopped["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"] == 1
     for kept in (checkpoint((1, 1, 1, 1), 4, True), checkpoint((2, 2, 1, 1), 1, False),
                  checkpoint((1, 1, 1, 0), 4, True)):
         before = json.dumps(kept)
-        assert resume_prompt_loader(kept) == [{"epoch": 1, "position": 1}] and json.dumps(kept) == before
-    assert resume_prompt_loader({}) == []
+        assert resume_train_loader(kept) == [{"epoch": 1, "position": 1}] and json.dumps(kept) == before
+    assert resume_train_loader({}) == []
     loader = PromptBatchLoader(_rows(), batch_size=3, seed=1)
-    assert restore_prompt_loader(loader, [{"epoch": 0, "position": 3}]) is True
+    assert restore_train_loader(loader, [{"epoch": 0, "position": 3}]) is True
     assert loader.state_dict() == {"epoch": 0, "position": 3}
-    assert restore_prompt_loader(loader, [{"epoch": 0, "position": 3}]) is False  # already there (Lightning's)
-    assert restore_prompt_loader(loader, []) is False and restore_prompt_loader([], [{"epoch": 0}]) is False
+    assert restore_train_loader(loader, [{"epoch": 0, "position": 3}]) is False  # already there (Lightning's)
+    assert restore_train_loader(loader, []) is False and restore_train_loader([], [{"epoch": 0}]) is False
     assert [b["sample_id"] for b in loader] == [[f"s{i}" for i in s] for s in loader.epoch_plan(1)]
