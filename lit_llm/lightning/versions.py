@@ -63,7 +63,13 @@ def resume_train_loader(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
     An epoch that ``max_steps`` ended before its last batch also counts as finished in Lightning's checkpoint (a resume
     with more ``max_epochs`` would skip the rest of it and count one epoch too many); this rewrites the checkpoint's
     ``epoch_progress`` (in place) to the mid-epoch state a checkpoint written during that epoch holds, so Lightning
-    resumes inside that epoch. Checkpoints of any lit_llm version load (no key of ours is read).
+    resumes inside that epoch. Checkpoints of any lit_llm version load (no key of ours is read). (Lightning 2.6's loop
+    state; ``tests/lightning/test_grpo_data.py`` checks the behaviour end to end on a real ``Trainer``.)
+
+    One edge: an epoch whose loader ran out before Lightning's batch count (asynchronous stale drops, dynamic
+    sampling's extra batches) and that ended the training looks the same, so its resume runs as one stopped inside
+    the epoch: Lightning's resumed epoch takes the next epoch's first batches (as many as were missing), and the run
+    ends that many batches earlier with ``max_epochs``; the prompt batches are still those of the uninterrupted run.
 
     Returns:
         The saved loader states (``[]`` when the checkpoint holds none).
