@@ -68,8 +68,9 @@ def resume_train_loader(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
 
     One edge: an epoch whose loader ran out before Lightning's batch count (asynchronous stale drops, dynamic
     sampling's extra batches) and that ended the training looks the same, so its resume runs as one stopped inside
-    the epoch: Lightning's resumed epoch takes the next epoch's first batches (as many as were missing), and the run
-    ends that many batches earlier with ``max_epochs``; the prompt batches are still those of the uninterrupted run.
+    the epoch: Lightning's resumed epoch takes the next epoch's first batches (as many as were missing), the next
+    Lightning epoch the rest of it; the prompt batches are those of the uninterrupted run, ``current_epoch`` lags for
+    those first batches (as in :class:`StatefulAsyncRollouts`'s edge; not tested).
 
     Returns:
         The saved loader states (``[]`` when the checkpoint holds none).
