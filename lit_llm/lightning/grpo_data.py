@@ -23,7 +23,10 @@ the :class:`~lit_llm.rollouts.EpisodeEngine` (tools included), so ``prompt_ids``
 ``task: calculator`` / ``guess_number`` give the built-in environments' synthetic rows (no file).
 
 The training loader is stateful (``state_dict``/``load_state_dict``, saved by Lightning in checkpoints) so a resumed
-run sees the same prompts as an uninterrupted one; in DDP each rank takes its own share of every step's prompts. With
+run sees the same prompts as an uninterrupted one (where Lightning does not load the state back, GRPO's
+:class:`~lit_llm.lightning.versions.PolicyVersionSwitch` does: :func:`~lit_llm.lightning.versions.
+resume_train_loader`); in DDP each rank takes
+its own share of every step's prompts. With
 ``rollout_mode: async`` the checkpoint holds the position of the batches training consumed, not of those the
 background producer drew ahead (:class:`~lit_llm.lightning.versions.StatefulAsyncRollouts`). The
 validation loader holds the held-out prompts used for greedy evaluation.

@@ -30,7 +30,7 @@ drop it. It is the only place where:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
@@ -46,7 +46,59 @@ from lit_llm.rollouts.dynamic_sampling import SamplingCap, informative_groups, s
 from lit_llm.rollouts.settings import RolloutSettings
 from lit_llm.rollouts.vllm_colocate import VLLMRollouts
 
-__all__ = ["PolicyVersionSwitch", "StatefulAsyncRollouts"]
+__all__ = ["PolicyVersionSwitch", "StatefulAsyncRollouts", "restore_train_loader", "resume_train_loader"]
+
+
+def resume_train_loader(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+    """Prepare a checkpoint for an exact resume of its train loader's plan; return the loader's saved state.
+
+    Lightning's fit loop saves the train loader's ``state_dict`` (``loops.fit_loop.state_dict.combined_loader``, one
+    entry per loader) but loads it back only when it counts the run as restarting mid-epoch: not with
+    ``max_steps == -1`` when the checkpoint's epoch counts as finished, so the loader would start again at epoch 0.
+    :class:`PolicyVersionSwitch` (:meth:`~PolicyVersionSwitch.on_load_checkpoint`) keeps the returned state and loads it
+    into the loader itself when Lightning did not (:func:`restore_train_loader`): GRPO's
+    :class:`~lit_llm.lightning.grpo_data.PromptBatchLoader` (or the asynchronous producer over it) and SFT's
+    :class:`~lit_llm.lightning.datamodules.StepBatchLoader`, whose ``{"epoch", "position"}`` states work alike.
+
+    An epoch that ``max_steps`` ended before its last batch also counts as finished in Lightning's checkpoint (a resume
+    with more ``max_epochs`` would skip the rest of it and count one epoch too many); this rewrites the checkpoint's
+    ``epoch_progress`` (in place) to the mid-epoch state a checkpoint written during that epoch holds, so Lightning
+    resumes inside that epoch. Checkpoints of any lit_llm version load (no key of ours is read). (Lightning 2.6's loop
+    state; ``tests/lightning/test_grpo_data.py`` checks the behaviour end to end on a real ``Trainer``.)
+
+    One edge: an epoch whose loader ran out before Lightning's batch count (asynchronous stale drops, dynamic
+    sampling's extra batches) and that ended the training looks the same, so its resume runs as one stopped inside
+    the epoch: Lightning's resumed epoch takes the next epoch's first batches (as many as were missing), the next
+    Lightning epoch the rest of it; the prompt batches are those of the uninterrupted run, ``current_epoch`` lags for
+    those first batches (as in :class:`StatefulAsyncRollouts`'s edge; not tested).
+
+    Returns:
+        The saved loader states (``[]`` when the checkpoint holds none).
+    """
+    fit = checkpoint.get("loops", {}).get("fit_loop", {})
+    batches, epochs = fit.get("epoch_loop.batch_progress"), fit.get("epoch_progress")
+    if batches and epochs and not batches.get("is_last_batch", True) and batches["current"]["processed"] > 0:
+        for p in (epochs["total"], epochs["current"]):  # stopped by max_steps before its epoch's last batch
+            if p["ready"] == p["started"] == p["processed"] == p["completed"] > 0:
+                p["processed"] = p["completed"] = p["started"] - 1
+    return list(fit.get("state_dict", {}).get("combined_loader") or [])
+
+
+def restore_train_loader(loader: Any, states: Sequence[Mapping[str, Any]]) -> bool:
+    """Load the single saved state of :func:`resume_train_loader` into the train ``loader``
+    (:class:`~lit_llm.lightning.grpo_data.PromptBatchLoader` or the asynchronous producer over it,
+    :class:`~lit_llm.lightning.datamodules.StepBatchLoader`) unless it already holds it (Lightning restored
+    it). Call before the loader's first ``next()``.
+
+    Returns:
+        Whether it loaded the state (``False``: none saved, already restored, or a loader without ``state_dict``).
+    """
+    if len(states) != 1 or not callable(getattr(loader, "load_state_dict", None)):
+        return False
+    if callable(getattr(loader, "state_dict", None)) and loader.state_dict() == dict(states[0]):
+        return False
+    loader.load_state_dict(dict(states[0]))
+    return True
 
 
 class StatefulAsyncRollouts(AsyncRollouts):
@@ -144,6 +196,7 @@ class PolicyVersionSwitch(Callback):
         self.num_rollouts = self.num_greedy_calls = self.num_dropped = self.num_syncs = 0
         self._trainer: Trainer | None = None
         self._max_steps: int | None = None
+        self._loader_states: list[dict[str, Any]] = []  # the restored checkpoint's train-loader state
 
     # the mode, read from the engine's settings
     rollout_mode = property(lambda self: self.settings.rollout_mode, doc="``sync`` or ``async``.")
@@ -401,6 +454,11 @@ class PolicyVersionSwitch(Callback):
         if self.reference_version is not None and not is_meta(self.reference_version.model):  # meta: configure_model
             self.reference_version.model.to(trainer.strategy.root_device)  # the module is moved there after setup
 
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Keep the checkpoint's train-loader state for :meth:`on_train_start` (and let Lightning resume inside an
+        epoch ``max_steps`` stopped): :func:`resume_train_loader`."""
+        self._loader_states = resume_train_loader(checkpoint)
+
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._run += 1  # a checkpoint, if any, is restored by now: the engine starts from these weights
         self.push_weights()
@@ -410,6 +468,11 @@ class PolicyVersionSwitch(Callback):
             self._run += 1  # `validate --ckpt_path`: restored before this hook; pushed before the first generation
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Also continues the train loader's plan (GRPO's prompts, SFT's steps) where the restored checkpoint left it,
+        where Lightning did not load the loader's state (an epoch that counts as finished, ``max_steps == -1``),
+        before the first batch is drawn."""
+        states, self._loader_states = self._loader_states, []
+        restore_train_loader(trainer.train_dataloader, states)
         total = trainer.max_steps if trainer.max_steps >= 0 else trainer.estimated_stepping_batches
         self._max_steps = int(total) if total != float("inf") else -1
 

@@ -184,20 +184,29 @@ class PromptIds(Callback):
         self.steps: list[list[str]] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.steps.append(list(dict.fromkeys(batch.sample_id)))
+        ids = batch["sample_id"] if isinstance(batch, dict) else batch.sample_id  # sync: prompts; async: rollouts
+        self.steps.append(list(dict.fromkeys(ids)))
 
 
-def _async_fit(tmp_path, name, max_steps, ckpt_path=None) -> list[list[str]]:
+def _async_fit(tmp_path, name, max_steps, ckpt_path=None, *, max_epochs=None, rollout_mode="async",
+               cli_checkpoints=False) -> list[list[str]]:
+    """Sample ids of every step of a fit; checkpoints every step (``cli_checkpoints``: the CLI's, every 3 steps
+    and ``last.ckpt`` at the end of training, where Lightning counts the epoch as finished)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from lit_llm.lightning.callbacks import StepCheckpoint
+
     module = GRPOModule("tiny", reward_funcs=[frac_reward], num_generations=2, max_new_tokens=2, log_samples_every=0,
-                        rollout_mode="async", max_staleness=100)
+                        rollout_mode=rollout_mode, max_staleness=100)
     dm = GRPODataModule(batch_size=2, num_train=8, num_eval=0)  # 4 steps per epoch
     ids = PromptIds()
-    trainer = Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+    trainer = Trainer(max_steps=max_steps, max_epochs=max_epochs, accelerator="cpu", logger=False,
+                      enable_progress_bar=False,
                       enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                       default_root_dir=tmp_path / name,
-                      callbacks=[ids, ModelCheckpoint(tmp_path / name, save_last=True, every_n_train_steps=1)])
+                      callbacks=[ids, StepCheckpoint(tmp_path / name, save_last=True, every_n_train_steps=3)
+                                 if cli_checkpoints else
+                                 ModelCheckpoint(tmp_path / name, save_last=True, every_n_train_steps=1)])
     trainer.fit(module, dm, ckpt_path=ckpt_path, weights_only=False)  # hparams hold the test's reward function
     return ids.steps
 
@@ -342,3 +351,28 @@ def test_dynamic_sampling_without_the_prompt_loader_is_an_error(tokenizer):
     prompts = next(iter(batch.train_dataloader()))  # a loader never handed to the module's wrap_train_loader
     with pytest.raises(RuntimeError, match="dynamic_sampling is on, but no prompt loader was handed"):
         module.versions.rollout(prompts, 0)
+
+
+@pytest.mark.slow  # three fits, ~4-5 s; the default suite checks the checkpoint handling (test_grpo_data.py)
+@pytest.mark.parametrize("rollout_mode", ["sync", "async"])
+def test_resume_after_a_finished_epoch_trains_the_next_epochs_prompts(tmp_path, rollout_mode):
+    """Resumed with ``max_steps=-1`` from a checkpoint whose epoch counts as finished (Lightning then does not load the
+    train loader's state itself), the run trains the uninterrupted run's epoch 1, not epoch 0 again."""
+    full = _async_fit(tmp_path, "full", -1, max_epochs=2, rollout_mode=rollout_mode, cli_checkpoints=True)
+    assert len(full) == 8 and full[4:] != full[:4]
+    part = _async_fit(tmp_path, "part", -1, max_epochs=1, rollout_mode=rollout_mode, cli_checkpoints=True)
+    part += _async_fit(tmp_path, "part", -1, str(tmp_path / "part" / "last.ckpt"), max_epochs=2,
+                       rollout_mode=rollout_mode, cli_checkpoints=True)
+    assert part == full
+
+
+@pytest.mark.slow  # three fits, ~6 s; the default suite checks the checkpoint handling (test_grpo_data.py)
+def test_resume_of_an_epoch_max_steps_stopped_finishes_it(tmp_path):
+    """Stopped by ``max_steps=5`` one batch into epoch 1 and resumed with ``max_steps=-1, max_epochs=3``: the run
+    trains the rest of epoch 1 and epoch 2, the uninterrupted 3-epoch run's 12 steps (Lightning alone counted epoch 1
+    as finished and ran 9 steps)."""
+    full = _async_fit(tmp_path, "full", -1, max_epochs=3, rollout_mode="sync", cli_checkpoints=True)
+    part = _async_fit(tmp_path, "part", 5, rollout_mode="sync", cli_checkpoints=True)
+    part += _async_fit(tmp_path, "part", -1, str(tmp_path / "part" / "last.ckpt"), max_epochs=3,
+                       rollout_mode="sync", cli_checkpoints=True)
+    assert len(full) == 12 and part == full

@@ -9,11 +9,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch import LightningModule, Trainer
 
 from lit_llm.data.arithmetic import arithmetic_prompts, arithmetic_split
 from lit_llm.data.datasets import DataFormatError
 from lit_llm.lightning.grpo_data import GRPODataModule, PromptBatchLoader, collate_prompts, gsm8k_prompts
-from lit_llm.lightning.versions import StatefulAsyncRollouts
+from lit_llm.lightning.versions import (
+    PolicyVersionSwitch,
+    StatefulAsyncRollouts,
+    restore_train_loader,
+    resume_train_loader,
+)
 
 
 def _problem(row):
@@ -346,3 +352,88 @@ def test_gsm8k_is_a_column_mapping_with_extra_columns(tmp_path):
     dm = GRPODataModule("gsm8k", path=str(path), num_eval=1, batch_size=1)
     dm.setup()
     assert dm.columns == ["answer", "level"] and dm.string_prompts == "chat"
+
+
+class _PlanModule(LightningModule):
+    """A trivial module over the prompt loader (sync) or a stub-engine producer over it (async), with GRPO's
+    :class:`PolicyVersionSwitch` (no engine): records every training batch's sample ids."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode, self.weight, self.ids = mode, torch.nn.Parameter(torch.zeros(1)), []
+
+    def configure_callbacks(self):
+        version = SimpleNamespace(generate=True, model=torch.nn.Linear(1, 1),
+                                  get_new_version=lambda **kw: SimpleNamespace())
+        return [PolicyVersionSwitch(version)]
+
+    def train_dataloader(self):
+        loader = PromptBatchLoader(_rows(8), batch_size=2, seed=1)  # 4 steps per epoch
+        return loader if self.mode == "sync" else StatefulAsyncRollouts(_StubEngine(), loader, max_staleness=2**62)
+
+    def training_step(self, batch, batch_idx):
+        self.ids.append(list(batch["sample_id"] if isinstance(batch, dict) else batch.sample_id))
+        return (self.weight - 1).pow(2).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _plan_fit(root, mode, *, max_steps=-1, max_epochs=None, resume=False):
+    from lit_llm.lightning.callbacks import StepCheckpoint
+
+    module = _PlanModule(mode)
+    trainer = Trainer(max_steps=max_steps, max_epochs=max_epochs, accelerator="cpu", logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+                      callbacks=[StepCheckpoint(root, save_last=True, every_n_train_steps=3)])
+    trainer.fit(module, ckpt_path=str(root / "last.ckpt") if resume else None)
+    return module.ids
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(("first", "then"), [({"max_epochs": 1}, {"max_epochs": 2}),  # last.ckpt: epoch 0 finished
+                                             ({"max_steps": 5}, {"max_epochs": 3}),  # stopped 1 step into epoch 1
+                                             ({"max_steps": 5}, {"max_steps": 12})],  # Lightning restores it itself
+                         ids=["finished-epoch", "max-steps-then-max-epochs", "max-steps-then-max-steps"])
+def test_resume_continues_the_prompt_plan_where_the_checkpoint_left_it(tmp_path, mode, first, then):
+    """Lightning (2.6) loads the train loader's saved state only when it resumes mid-epoch: not from the ``last.ckpt``
+    written at the end of training with ``max_steps=-1`` (the epoch counts as finished), where the loader restarted
+    epoch 0; and it counts an epoch ``max_steps`` stopped as finished (skipping its rest). ``PolicyVersionSwitch``
+    loads the state itself then, and resumes inside the stopped epoch: the resumed run trains the uninterrupted run's
+    steps, all of them."""
+    full = _plan_fit(tmp_path / "full", mode, **{"max_steps": -1, **then})
+    assert len(full) == (8 if then.get("max_epochs") == 2 else 12)
+    assert full[:4] != full[4:8]  # each epoch its own order
+    part = _plan_fit(tmp_path / "part", mode, **first)
+    part += _plan_fit(tmp_path / "part", mode, **{"max_steps": -1, **then}, resume=True)
+    assert part == full
+
+
+def test_resume_train_loader_counts_a_max_steps_stopped_epoch_as_unfinished():
+    """The checkpoint rewrite: only an epoch stopped before its last batch with every count equal becomes the state a
+    mid-epoch checkpoint holds; finished epochs, mid-epoch checkpoints and checkpoints without loops are left as
+    they are."""
+    def checkpoint(epoch_counts, ready_in_epoch, is_last_batch):
+        counts = dict(zip(("ready", "started", "processed", "completed"), epoch_counts))
+        return {"loops": {"fit_loop": {
+            "state_dict": {"combined_loader": [{"epoch": 1, "position": 1}]},
+            "epoch_progress": {"total": dict(counts), "current": dict(counts)},
+            "epoch_loop.batch_progress": {"current": {"ready": ready_in_epoch, "processed": ready_in_epoch},
+                                          "is_last_batch": is_last_batch}}}}
+
+    stopped = checkpoint((2, 2, 2, 2), 1, False)
+    assert resume_train_loader(stopped) == [{"epoch": 1, "position": 1}]
+    assert stopped["loops"]["fit_loop"]["epoch_progress"]["total"] == {"ready": 2, "started": 2, "processed": 1,
+                                                                       "completed": 1}
+    assert stopped["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"] == 1
+    for kept in (checkpoint((1, 1, 1, 1), 4, True), checkpoint((2, 2, 1, 1), 1, False),
+                 checkpoint((1, 1, 1, 0), 4, True)):
+        before = json.dumps(kept)
+        assert resume_train_loader(kept) == [{"epoch": 1, "position": 1}] and json.dumps(kept) == before
+    assert resume_train_loader({}) == []
+    loader = PromptBatchLoader(_rows(), batch_size=3, seed=1)
+    assert restore_train_loader(loader, [{"epoch": 0, "position": 3}]) is True
+    assert loader.state_dict() == {"epoch": 0, "position": 3}
+    assert restore_train_loader(loader, [{"epoch": 0, "position": 3}]) is False  # already there (Lightning's)
+    assert restore_train_loader(loader, []) is False and restore_train_loader([], [{"epoch": 0}]) is False
+    assert [b["sample_id"] for b in loader] == [[f"s{i}" for i in s] for s in loader.epoch_plan(1)]
