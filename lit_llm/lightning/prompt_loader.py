@@ -55,8 +55,8 @@ class PromptBatchLoader:
         self.epoch, self.position = 0, 0
         self._num_steps = len(rows) // (batch_size * world_size)
         if self._num_steps == 0:
-            raise ValueError(f"{len(rows)} prompts cannot fill one step of batch_size={batch_size} x "
-                             f"{world_size} rank(s); add prompts or lower data.batch_size.")
+            raise ValueError(f"{len(rows)} prompts (data.num_train, or the rows of data.path) cannot fill one step of "
+                             f"batch_size={batch_size} x {world_size} rank(s); add prompts or lower data.batch_size.")
 
     def __len__(self) -> int:
         return self._num_steps

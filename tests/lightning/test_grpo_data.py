@@ -84,8 +84,16 @@ def test_prompt_loader_deals_ranks_and_resumes():
     r1 = PromptBatchLoader(rows, batch_size=2, seed=1, rank=1, world_size=2)
     a, b = [s for x in r0 for s in x["sample_id"]], [s for x in r1 for s in x["sample_id"]]
     assert len(a) == len(b) == 4 and not set(a) & set(b)
-    with pytest.raises(ValueError, match="cannot fill one step"):
+    with pytest.raises(ValueError) as e:
         PromptBatchLoader(rows, batch_size=11)
+    assert str(e.value) == ("10 prompts (data.num_train, or the rows of data.path) cannot fill one step of "
+                            "batch_size=11 x 1 rank(s); add prompts or lower data.batch_size.")
+    # the CLI names the option the user gave (num_train, here from the command line), not the config's batch size
+    from lit_llm.cli_errors import explain_config_error
+
+    config = {"data": {"init_args": {"batch_size": 11, "num_train": 10, "path": None}}}
+    assert explain_config_error(e.value, config).splitlines()[1] == (
+        "  (set by --data.init_args.num_train 10; LIT_LLM_DEBUG=1 shows the traceback)")
     with pytest.raises(ValueError, match="different keys"):
         collate_prompts([{"a": 1}, {"b": 2}])
 
