@@ -73,9 +73,12 @@ class StatefulAsyncRollouts(AsyncRollouts):
     The producer draws prompt batches ahead of training (one queued per ``queue_size``, one being generated); the
     saved state is :attr:`~lit_llm.rollouts.producer.AsyncRollouts.consumed_state`, the loader's state after the last
     batch training took (trained, or dropped as stale: dropped batches count as consumed), so a resumed run trains on
-    the prompt batches the uninterrupted run would have taken from that step on. The batches that were in flight are
-    not saved: the resumed producer draws them again and generates them from the restored weights (their staleness,
-    and so which of them the staleness bound drops, depends on thread timing, as in any asynchronous run).
+    the prompt batches the uninterrupted run would have taken from that step on, as long as no batch is dropped as
+    stale. The batches that were in flight are not saved: the resumed producer draws them again and generates them
+    from the restored weights, fresher than the copy the uninterrupted run's producer held, so a batch that run
+    dropped (``max_staleness``, often with ``sync_every > 1``) may be trained after the resume, and every later step
+    shifts by it (found by a trial: ``max_staleness 0`` or ``sync_every 3``, reproducible, not thread timing). Exact
+    there would need the producer's older weights in the checkpoint.
 
     Under DDP every rank has its own loader and producer; none drops (the callback drops stale batches on all ranks
     together), so every rank consumes the same number of batches and records the same ``(epoch, position)``, and the
