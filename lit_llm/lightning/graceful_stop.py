@@ -35,7 +35,9 @@ Lightning's own ``SIGTERM`` handling (``_SignalConnector``: sets ``trainer.recei
 raise ``SIGTERMException`` after the batch: a ``SystemExit`` with status 0, loggers finalized as failed, no checkpoint;
 under DDP it broadcasts from inside the signal handler) is registered when the trainer starts running; this callback
 replaces both handlers from ``on_train_start`` to ``on_train_end`` (Lightning restores the originals at its teardown)
-and still honours ``trainer.received_sigterm`` for a ``SIGTERM`` that arrived before training started. Handlers can
+and still honours ``trainer.received_sigterm`` for a ``SIGTERM`` that arrived before training started and let it
+start (a ``SIGTERM`` during model loading or the step-0 evaluation ends the process there, by Lightning's or the
+default handler, exit 143 with no checkpoint: nothing was trained yet). Handlers can
 only be installed from the main thread (elsewhere the callback does nothing); a ``SIGTERM`` Lightning received
 before counts as a first signal received at ``on_train_start`` (for the window). A main thread blocked inside a C
 call (a collective waiting for a hung rank) runs Python signal handlers only when the call returns: then only
@@ -143,7 +145,9 @@ class GracefulStop(Callback):
             _say(f"{rank}lit-llm: {name} again within {DEBOUNCE_S:g} s of the first: the same stop request (still "
                  f"stopping after the current optimizer step).")
             return
-        _say(f"{rank}lit-llm: second {name}: exiting at once (a checkpoint being written is dropped; the last "
+        second = f"second {name}" if signum == self._received else \
+            f"{name} after {signal.Signals(self._received).name}"  # a signal of the other kind is a second one too
+        _say(f"{rank}lit-llm: {second}: exiting at once (a checkpoint being written is dropped; the last "
              f"complete one stays).")
         launcher = getattr(getattr(trainer, "strategy", None), "launcher", None)
         if launcher is not None:  # the DDP ranks this process started would wait for it forever

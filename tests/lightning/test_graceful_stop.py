@@ -280,7 +280,8 @@ def test_a_second_signal_exits_at_once_unless_it_is_the_same_within_the_window(m
     assert err[0].startswith(f"[rank 1] lit-llm: {signal.Signals(first).name} received: stopping")
     name = signal.Signals(second).name
     if exits:
-        assert err[1:] == [f"[rank 1] lit-llm: second {name}: exiting at once (a checkpoint being written is "
+        what = f"second {name}" if second == first else f"{name} after {signal.Signals(first).name}"
+        assert err[1:] == [f"[rank 1] lit-llm: {what}: exiting at once (a checkpoint being written is "
                            f"dropped; the last complete one stays)."]
         assert calls == [("signal", second, signal.SIG_DFL), ("kill", os.getpid(), second)]
         assert launcher.killed == [signal.SIGKILL]
