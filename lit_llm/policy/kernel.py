@@ -84,7 +84,7 @@ def _sum_exp_times(z: Tensor, buffer: Tensor | None = None) -> Tensor:
     bit (a block of one row is reduced by another path, hence never one row unless ``C == 1``). Elsewhere (GPU) the
     buffer is the whole ``[C, V]`` chunk (three kernels; not run on a GPU yet).
 
-    ``buffer``: a reusable tensor of ``z``'s dtype, device and width, of at least :func:`_entropy_block_rows` rows
+    ``buffer``: a reusable :func:`_entropy_buffer` of a chunk at least as tall as ``z``
     (``None``: allocated here).
 
     Returns:
@@ -92,7 +92,7 @@ def _sum_exp_times(z: Tensor, buffer: Tensor | None = None) -> Tensor:
     """
     n, v = z.shape
     rows = _entropy_block_rows(z)
-    buf = buffer if buffer is not None else torch.empty((min(rows + 1, n), v), dtype=z.dtype, device=z.device)
+    buf = buffer if buffer is not None else _entropy_buffer(z)
     out = torch.empty(n, dtype=z.dtype, device=z.device)
     s = 0
     while s < n:
@@ -107,6 +107,12 @@ def _entropy_block_rows(z: Tensor) -> int:
     """Rows of :func:`_sum_exp_times`' block for chunks like ``z: [C, V]`` (the whole chunk off the CPU)."""
     n, v = z.shape
     return max(2, ENTROPY_BLOCK_BYTES // (v * z.element_size())) if z.device.type == "cpu" else n
+
+
+def _entropy_buffer(z: Tensor) -> Tensor:
+    """The block buffer :func:`_sum_exp_times` works in for chunks like ``z: [C, V]`` (a block and the trailing row
+    it may take: at most ``C`` rows)."""
+    return torch.empty((min(_entropy_block_rows(z) + 1, z.shape[0]), z.shape[1]), dtype=z.dtype, device=z.device)
 
 
 class _ChunkedTokenLogProbs(torch.autograd.Function):
@@ -126,10 +132,7 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         hits = torch.empty(n if want_hits else 0, dtype=torch.bool, device=h.device)
         w = weight.to(mm_dtype)  # no copy when already in mm_dtype
         zbuf = _logits_buffer(n, chunk_size, weight, mm_dtype)  # one [C, V] buffer for every chunk
-        ebuf = None
-        if want_entropy and n:
-            rows = _entropy_block_rows(zbuf)
-            ebuf = torch.empty((min(rows + 1, zbuf.shape[0]), zbuf.shape[1]), dtype=zbuf.dtype, device=zbuf.device)
+        ebuf = _entropy_buffer(zbuf) if want_entropy else None
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk_size):
                 e = min(s + chunk_size, n)
