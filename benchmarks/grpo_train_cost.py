@@ -72,7 +72,7 @@ def main() -> None:
     real_trim = module_mod.trim_host_memory
 
     def traced_trim() -> bool:
-        site = sys._getframe(1).f_locals.get("site", "?")
+        site = sys._getframe(2).f_code.co_name  # the caller of release_host_memory
         before, t = host_rss_bytes() or 0, time.perf_counter()
         done = False if a.no_release else real_trim()
         releases.append({"site": site, "rss_before_gib": round(before / 2**30, 2),
