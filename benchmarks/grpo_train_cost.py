@@ -2,14 +2,16 @@
 
 Wall-clock seconds on a CPU shared with other jobs vary several-fold; the work a step does does not. This runs
 ``--steps`` GRPO steps of ``grpo_step.py``'s workload (SmolLM2-135M-Instruct, 8 arithmetic prompts x 8 generations,
-<= 32 new tokens, ``dapo``, AdamW) with **one intra-op thread** and prints, for each step's training part
-(``PolicyModule.training_step``: forward, backward, clipping, optimizer, metrics; the rollout is not in it):
+<= 32 new tokens, ``dapo``, AdamW) with **one intra-op thread** (``--threads``) and prints, for each step's training
+part (``PolicyModule.training_step``: forward, backward, clipping, optimizer, metrics; the rollout is not in it):
 
 - ``cpu_s``: CPU seconds of the thread that ran it (``time.thread_time``: one thread, so no OpenMP spin-waits);
 - ``minflt``: its minor page faults (each one a 4 KiB page the kernel had to map and zero: memory that was given back
   to the system and touched again);
 - ``sys_s``: its system CPU seconds (mostly those page faults);
-- ``wall_s``: wall seconds (only meaningful on a quiet machine).
+- ``wall_s``: wall seconds (only meaningful on a quiet machine);
+- ``step_minflt``, ``step_sys_s``, ``step_wall_s``: the same for the whole step, every thread of the process
+  (``RUSAGE_SELF`` from batch start to batch end: the rollout's generation threads, the release, the logging).
 
 It also prints every host-memory release (:meth:`~lit_llm.lightning.module.PolicyModule.release_host_memory`): call
 site, resident set before / after (GiB), seconds. The first step's figures include one-time costs; compare steps 2+.
@@ -20,6 +22,8 @@ Run it from any checkout (each tree's own code first on ``PYTHONPATH``) to compa
     # the same with the releases off, or with another growth threshold:
     ... benchmarks/grpo_train_cost.py --steps 4 --no-release
     ... benchmarks/grpo_train_cost.py --steps 4 --release-growth 0
+    # grpo_step.py's two threads (then cpu_s counts one thread's share only):
+    HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python benchmarks/grpo_train_cost.py --steps 4 --threads 2
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from functools import partial
 
 import torch
 from _memory import machine_line
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 
 import lit_llm
 from lit_llm.lightning import module as module_mod
@@ -60,11 +64,12 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--precision", default="32-true")
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (grpo_step.py uses the cores)")
     p.add_argument("--no-release", action="store_true", help="replace the host-memory release by a no-op")
     p.add_argument("--release-growth", type=float, default=None,
                    help="PolicyModule.host_memory_release_growth (trees that have it)")
     a = p.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     print(machine_line(), f"; lit_llm {commit_of(lit_llm.__file__)} ({os.path.dirname(lit_llm.__file__)})",
           flush=True)
 
@@ -97,12 +102,26 @@ def main() -> None:
         return out
 
     module_mod.PolicyModule.training_step = timed_step
+
+    class WholeStep(Callback):
+        """Adds the whole step's process-wide figures (every thread) to the step's row."""
+
+        def on_train_batch_start(self, *args) -> None:
+            self.start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+
+        def on_train_batch_end(self, *args) -> None:
+            (r0, w0), r1 = self.start, resource.getrusage(resource.RUSAGE_SELF)
+            if steps:
+                steps[-1].update(step_minflt=r1.ru_minflt - r0.ru_minflt,
+                                 step_sys_s=round(r1.ru_stime - r0.ru_stime, 2),
+                                 step_wall_s=round(time.perf_counter() - w0, 2))
+
     module = GRPOModule(a.model, reward_funcs=REWARDS, num_generations=8, max_new_tokens=32, temperature=1.0,
                         micro_batch_size=64, log_samples_every=0, optimizer=partial(torch.optim.AdamW, lr=1e-6))
     data = GRPODataModule("arithmetic", batch_size=8, num_train=8 * a.steps, num_eval=0)
     Trainer(max_steps=a.steps, precision=a.precision, accelerator="cpu", devices=1, logger=False,
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            num_sanity_val_steps=0, limit_val_batches=0).fit(module, data)
+            num_sanity_val_steps=0, limit_val_batches=0, callbacks=[WholeStep()]).fit(module, data)
     for row in steps:
         print(json.dumps(row))
     for row in releases:
