@@ -35,6 +35,7 @@ import resource
 import subprocess
 import sys
 import time
+import warnings
 from functools import partial
 
 import torch
@@ -70,6 +71,8 @@ def main() -> None:
                    help="PolicyModule.host_memory_release_growth (trees that have it)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    # no logger on purpose: Lightning's "self.log(...) but have no logger configured" lines, several per step
+    warnings.filterwarnings("ignore", message=r".*but have no logger configured")
     print(machine_line(), f"; lit_llm {commit_of(lit_llm.__file__)} ({os.path.dirname(lit_llm.__file__)})",
           flush=True)
 
