@@ -14,9 +14,9 @@ heap top) took the process from 5.9 to 2.2 GB in ~0.3 s.
 
 :func:`trim_host_memory` is called by :class:`~lit_llm.lightning.module.PolicyModule` on the CPU after every
 validation loop, and after optimizer steps and GRPO rollouts when the resident set has grown by
-:attr:`~lit_llm.lightning.module.PolicyModule.host_memory_release_growth` over the largest size read before a
-release (:meth:`~lit_llm.lightning.module.PolicyModule.release_host_memory`). Elsewhere than glibc (macOS, Windows,
-musl) it does nothing and returns ``False``.
+:attr:`~lit_llm.lightning.module.PolicyModule.host_memory_release_growth` since that call site's last release
+(:meth:`~lit_llm.lightning.module.PolicyModule.release_host_memory`). Elsewhere than glibc (macOS, Windows, musl) it
+does nothing and returns ``False``.
 """
 
 from __future__ import annotations

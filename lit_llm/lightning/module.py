@@ -141,7 +141,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
         self.register_buffer("trained_tokens", torch.zeros((), dtype=torch.float64))
         self.register_buffer("skipped_steps", torch.zeros((), dtype=torch.long))
         self._step_start: float | None = None
-        self._release_mark: int | None = None  # the largest resident bytes read just before a host-memory release
+        self._trimmed_at: dict[str, int] = {}  # resident bytes just before the last host-memory release, per call site
 
     @classmethod
     def options_of(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -369,43 +369,39 @@ class PolicyModule(CheckpointHooks, LightningModule):
 
     def on_validation_end(self) -> None:
         """Give the evaluation's freed host memory back (:meth:`release_host_memory`, always)."""
-        self.release_host_memory(force=True)
+        self.release_host_memory(force=True, site="validation")
 
-    #: Least growth of the resident set over :meth:`release_host_memory`'s mark (the largest resident size read just
-    #: before any release so far) for a release to run again. A release costs ~0.4 s per ~4 GB freed and the pages it
-    #: frees are faulted in (zeroed) again by the next allocations: on a run whose memory is steady (the single-turn
-    #: demo, SFT) the next step reuses them, and releasing after every step cost ~850k extra page faults and ~2.5 s of
-    #: system time per SmolLM2 GRPO step (issue 31, benchmarks/README.md); a run whose free-but-held memory grows
-    #: (rollouts in many threads' arenas) keeps releasing whenever it has grown this much.
+    #: Least growth of the resident set since a call site's last host-memory release (a fraction of the resident
+    #: bytes measured just before it) for that site to release again. A release costs ~0.4 s per ~4 GB freed and the
+    #: pages it frees are faulted in (zeroed) again by the next allocations: on a run whose memory is steady (the
+    #: single-turn demo, SFT) the next step reuses them, and releasing after every step cost ~850k extra page faults
+    #: and ~2.5 s of system time per SmolLM2 GRPO step (issue 31, benchmarks/README.md); a run whose free-but-held
+    #: memory grows (rollouts in many threads' arenas) keeps releasing whenever it has grown this much.
     host_memory_release_growth: float = 0.10
 
-    def release_host_memory(self, *, force: bool = False) -> dict[str, float]:
+    def release_host_memory(self, *, force: bool = False, site: str = "step") -> dict[str, float]:
         """On the CPU, return glibc's free heap pages to the operating system
         (:func:`~lit_llm.lightning.host_memory.trim_host_memory`: without it a run's resident memory grows with the
         arenas' free blocks: a 14.5 GiB peak for the calculator agent config, 8.3 GiB with the releases) when due:
-        always with ``force`` and at the first call, else when this process's resident set is at least
-        ``1 + host_memory_release_growth`` times the mark, the largest resident set read just before any earlier
-        release (one mark for every call site: a steady run stops releasing after its first steps, a growing one
-        releases as it grows). Then read the figures logged each step: ``memory/host_rss_gib`` (this process's
-        resident set, GiB) and ``memory/host_peak_rss_gib`` (its peak so far, ``getrusage`` ``ru_maxrss``, GiB); on
-        CUDA also ``memory/cuda_allocated_gib`` and ``memory/cuda_peak_gib`` (the caching allocator's live tensors
-        on this rank's device and their peak since the start, ``torch.cuda.memory_allocated`` /
-        ``max_memory_allocated``: host-side counters, no device sync; not logged on the CPU).
+        always with ``force`` and at a call site's first call, else when this process's resident set is at least
+        ``1 + host_memory_release_growth`` times what it was just before the last release at this call site ``site``
+        (each site has its own mark: a steady run stops releasing after its first steps, a growing one releases as it
+        grows). Then read the figures logged each step: ``memory/host_rss_gib`` (this process's resident set, GiB)
+        and ``memory/host_peak_rss_gib`` (its peak so far, ``getrusage`` ``ru_maxrss``, GiB); on CUDA also
+        ``memory/cuda_allocated_gib`` and ``memory/cuda_peak_gib`` (the caching allocator's live tensors on this
+        rank's device and their peak since the start, ``torch.cuda.memory_allocated`` / ``max_memory_allocated``:
+        host-side counters, no device sync; not logged on the CPU).
 
-        Called after every optimizer step (:meth:`on_train_batch_end`), by
-        :class:`~lit_llm.lightning.grpo.GRPOModule` after it takes each rollout (before the loss: the rollout's
-        tensors were freed in the generation threads' arenas, which the loss's allocations cannot reuse), and forced
-        after every validation loop. Why one mark (issue 31): with a mark per call site, each site's release lowered
-        the resident set the other site's next reading was compared with, so a steady SmolLM2 GRPO run released at the
-        rollout on most steps (the step's release ran on the first two): the training forward then faulted its
-        ~3.4 GiB of activations in again every step (1.18M minor page faults and ~5 s of system time per step
-        instead of ~0.29M and ~2 s). Without procfs the host figures are left out; on a GPU nothing is released (the
-        activations are not in host memory) and the figures are still returned."""
+        Call sites: ``"step"`` after every optimizer step (:meth:`on_train_batch_end`), ``"rollout"`` after
+        :class:`~lit_llm.lightning.grpo.GRPOModule` takes each rollout (before the loss: the rollout's tensors were
+        freed in the generation threads' arenas, which the loss's allocations cannot reuse), ``"validation"``
+        (forced) after every validation loop. Without procfs the host figures are left out; on a GPU nothing is
+        released (the activations are not in host memory) and the figures are still returned."""
         if self.device.type == "cpu":
-            rss, mark = host_rss_bytes(), self._release_mark
+            rss, mark = host_rss_bytes(), self._trimmed_at.get(site)
             if force or mark is None or rss is None or rss >= mark * (1 + self.host_memory_release_growth):
                 trim_host_memory()
-                self._release_mark = max(mark or 0, rss or 0)
+                self._trimmed_at[site] = rss or 0
         figures = {}
         if self.device.type == "cuda":
             figures = {"memory/cuda_allocated_gib": torch.cuda.memory_allocated(self.device) / 2**30,

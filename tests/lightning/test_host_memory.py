@@ -109,9 +109,9 @@ def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, to
 
 
 def test_release_follows_the_growth_of_the_resident_set(monkeypatch):
-    # the first call releases, then only once the resident set is >= 1.1x the largest size read just before a
-    # release: 5.0 (release, mark 5.0), 5.3 (< 5.5), 6.0 (>= 5.5: release, mark 6.0), 5.9, 6.5 (< 6.6), 6.7
-    # (release, mark 6.7); force always releases and never lowers the mark
+    # each site releases at its first call, then only once the resident set is >= 1.1x its size just before that
+    # site's last release: 5.0 (release, mark 5.0), 5.3 (< 5.5), 6.0 (>= 5.5: release, mark 6.0), 5.9, 6.5 (< 6.6),
+    # 6.7 (release); the rollout site keeps its own mark; force always releases
     calls: list[str] = []
     rss = {"gib": 0.0}
     monkeypatch.setattr(module_mod, "trim_host_memory", lambda: calls.append(f"trim {rss['gib']}") or True)
@@ -123,41 +123,11 @@ def test_release_follows_the_growth_of_the_resident_set(monkeypatch):
         assert figures["memory/host_rss_gib"] == pytest.approx(gib)
     assert calls == ["trim 5.0", "trim 6.0", "trim 6.7"]
     calls.clear()
-    rss["gib"] = 2.0
-    module.release_host_memory(force=True)
-    module.release_host_memory(force=True)
-    rss["gib"] = 7.3  # < 1.1 x 6.7: the forced releases at 2.0 left the mark at 6.7
-    module.release_host_memory()
-    assert calls == ["trim 2.0", "trim 2.0"]
-
-
-def test_steady_grpo_steps_stop_releasing(monkeypatch):
-    # A model of a steady GRPO step on the CPU (the resident sets a SmolLM2 run read, issue 31): 1.0 GiB live; the
-    # rollout keeps 1.2 GiB of freed blocks in the generation threads' arenas, the loss keeps 3.4 GiB in the training
-    # thread's; a release drops both, and the next rollout / loss faults its memory in again. The release after the
-    # rollout and the one after the step read one mark: after the first two steps nothing is released. (With a mark
-    # per call site each site's release lowered the size the other one read next: on the real run the rollout's
-    # released again on most steps, and every loss faulted its 3.4 GiB back in.)
-    held = {"rollout": 0.0, "loss": 0.0}
-    calls: list[str] = []
-    monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: int((1.0 + sum(held.values())) * 2**30))
-
-    def trim() -> bool:
-        calls.append(f"trim at {1.0 + sum(held.values()):.1f}")
-        held.update(rollout=0.0, loss=0.0)
-        return True
-
-    monkeypatch.setattr(module_mod, "trim_host_memory", trim)
-    module = SFTModule("tiny")
-    refaulted = []
-    for _ in range(10):
-        refaulted.append(round(1.2 - held["rollout"] + 3.4 - held["loss"], 1))
-        held["rollout"] = 1.2
-        module.release_host_memory()  # GRPOModule.training_step, after taking the rollout
-        held["loss"] = 3.4
-        module.release_host_memory()  # PolicyModule.on_train_batch_end
-    assert calls == ["trim at 2.2", "trim at 4.4", "trim at 5.6"]
-    assert refaulted == [4.6, 4.6, 4.6] + [0.0] * 7
+    module.release_host_memory(site="rollout")  # first call at that site
+    module.release_host_memory(site="rollout")  # 6.7 < 1.1 x 6.7
+    module.release_host_memory(force=True, site="validation")
+    module.release_host_memory(force=True, site="validation")
+    assert calls == ["trim 6.7"] * 3
 
 
 def test_release_is_skipped_off_the_cpu(monkeypatch):
@@ -177,7 +147,7 @@ def test_release_is_skipped_off_the_cpu(monkeypatch):
 @pytest.mark.parametrize("growth", [0.0, 1e9])
 def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch, growth):
     # a steady resident set; growth 0: a release after taking each rollout (before any micro-batch loss) and after
-    # each step; a large growth: only the first call (after the first rollout) releases
+    # each step; a large growth: each call site (rollout, step) releases once, on the first step (its own mark)
     monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: 2**30)
     from lit_llm.lightning.grpo import GRPOModule
     from lit_llm.lightning.grpo_data import GRPODataModule
@@ -202,7 +172,7 @@ def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch, growth):
     if growth == 0:
         assert events == ["trim", "loss", "trim"] * 2
     else:
-        assert events == ["trim", "loss", "loss"]
+        assert events == ["trim", "loss", "trim", "loss"]
 
 
 def test_cuda_memory_figures_on_cuda_only(monkeypatch):
