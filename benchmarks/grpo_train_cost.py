@@ -67,6 +67,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (grpo_step.py uses the cores)")
     p.add_argument("--no-release", action="store_true", help="replace the host-memory release by a no-op")
+    p.add_argument("--release-sites", default=None,
+                   help="comma-separated release call sites that may release (rollout, step, validation); the others"
+                        " become no-ops (default: all)")
     p.add_argument("--release-growth", type=float, default=None,
                    help="PolicyModule.host_memory_release_growth (trees that have it)")
     a = p.parse_args()
@@ -80,10 +83,12 @@ def main() -> None:
     real_trim = module_mod.trim_host_memory
 
     def traced_trim() -> bool:
-        site = sys._getframe(2).f_code.co_name  # the caller of release_host_memory
+        caller = sys._getframe(1)  # release_host_memory (its ``site`` argument), or an older tree's caller
+        site = caller.f_locals.get("site") or caller.f_back.f_code.co_name
         before, t = host_rss_bytes() or 0, time.perf_counter()
-        done = False if a.no_release else real_trim()
-        releases.append({"site": site, "rss_before_gib": round(before / 2**30, 2),
+        off = a.no_release or (a.release_sites is not None and site not in a.release_sites.split(","))
+        done = False if off else real_trim()
+        releases.append({"site": site, "released": done, "rss_before_gib": round(before / 2**30, 2),
                          "rss_after_gib": round((host_rss_bytes() or 0) / 2**30, 2),
                          "seconds": round(time.perf_counter() - t, 3)})
         return done
@@ -117,7 +122,8 @@ def main() -> None:
             if steps:
                 steps[-1].update(step_minflt=r1.ru_minflt - r0.ru_minflt,
                                  step_sys_s=round(r1.ru_stime - r0.ru_stime, 2),
-                                 step_wall_s=round(time.perf_counter() - w0, 2))
+                                 step_wall_s=round(time.perf_counter() - w0, 2),
+                                 rss_gib=round((host_rss_bytes() or 0) / 2**30, 2))  # before the step's release
 
     module = GRPOModule(a.model, reward_funcs=REWARDS, num_generations=8, max_new_tokens=32, temperature=1.0,
                         micro_batch_size=64, log_samples_every=0, optimizer=partial(torch.optim.AdamW, lr=1e-6))
@@ -129,6 +135,7 @@ def main() -> None:
         print(json.dumps(row))
     for row in releases:
         print("release", json.dumps(row))
+    print("peak_rss_gib", round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2))
 
 
 if __name__ == "__main__":

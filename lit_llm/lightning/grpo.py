@@ -406,10 +406,6 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             self.dropped_rollouts += 1
             self.log("train/dropped_rollouts", self.dropped_rollouts.float(), on_step=True, batch_size=1)
             return None
-        # the rollout's freed tensors sit in the generation threads' malloc arenas, where the loss's allocations (this
-        # thread) cannot reuse them: release them first (when due), so the step's peak is the larger of the two, not
-        # their sum
-        self.release_host_memory(site="rollout")
         mbs = self.micro_batches(rollout)
         self.stats.reset(len(mbs))
         t_train = time.perf_counter()

@@ -27,20 +27,55 @@ import sys
 from functools import cache
 from typing import Any
 
-__all__ = ["host_peak_rss_bytes", "host_rss_bytes", "trim_host_memory"]
+__all__ = ["host_peak_rss_bytes", "host_rss_bytes", "limit_malloc_arenas", "trim_host_memory"]
+
+#: glibc's ``mallopt`` parameter for the most arenas it creates (``M_ARENA_MAX`` in ``<malloc.h>``).
+M_ARENA_MAX = -8
 
 
 @cache
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim`` (``int malloc_trim(size_t pad)``), or ``None`` where the C library has none."""
+def _libc_function(name: str, *argtypes: Any) -> Any:
+    """The process's own C library's function ``name`` returning ``int`` (glibc's ``malloc_trim``, ``mallopt``), or
+    ``None`` off Linux or where the C library has none (musl and others)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = ctypes.CDLL(None).malloc_trim  # the process's own C library (no ldconfig lookup)
-    except (OSError, AttributeError):  # musl and other C libraries without malloc_trim
+        fn = getattr(ctypes.CDLL(None), name)  # no ldconfig lookup
+    except (OSError, AttributeError):
         return None
-    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
     return fn
+
+
+def limit_malloc_arenas(arenas: int) -> bool:
+    """Cap glibc's malloc arenas at ``arenas`` for the rest of the process (``mallopt(M_ARENA_MAX, arenas)``), so
+    that threads started from now on allocate from the existing arenas (with ``1``: the main thread's) instead of
+    ``8 x cores`` arenas of their own.
+
+    Why: the blocks a thread frees go back to its own arena, which other threads' allocations do not reuse. A GRPO
+    rollout generates in worker threads and the loss runs in the main thread, so with glibc's default each step's
+    loss faulted in fresh pages for ~3.4 GB of activations while the rollout's freed blocks sat in the workers'
+    arenas (or, released before the loss, were faulted in again): ~0.9M extra page faults, ~3 s of system time per
+    SmolLM2 GRPO step on a 2-core CPU (issue 31; benchmarks/README.md). With one arena the loss reuses them.
+
+    Takes effect for threads that have no arena yet, and only while the process has made at most glibc's
+    ``arena_test`` (8 on 64-bit) arenas: glibc fixes its limit the first time it would create more. Threads that
+    share an arena take turns on its lock per ``malloc`` / ``free`` (PyTorch's CPU allocations are per tensor, not per
+    element: not measurable in the benchmarks above).
+
+    Args:
+        arenas: at least 1.
+
+    Returns:
+        ``True`` if glibc's ``mallopt`` accepted it, ``False`` where it is not available (non-Linux, non-glibc).
+
+    Raises:
+        ValueError: ``arenas`` below 1.
+    """
+    if arenas < 1:
+        raise ValueError(f"limit_malloc_arenas: arenas={arenas!r} must be at least 1")
+    fn = _libc_function("mallopt", ctypes.c_int, ctypes.c_int)  # int mallopt(int param, int value)
+    return fn is not None and fn(M_ARENA_MAX, int(arenas)) == 1
 
 
 def trim_host_memory() -> bool:
@@ -53,7 +88,7 @@ def trim_host_memory() -> bool:
     Returns:
         ``True`` if glibc's ``malloc_trim`` ran, ``False`` where it is not available (non-Linux, non-glibc).
     """
-    fn = _malloc_trim()
+    fn = _libc_function("malloc_trim", ctypes.c_size_t)  # int malloc_trim(size_t pad)
     if fn is None:
         return False
     fn(0)

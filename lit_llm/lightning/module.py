@@ -36,7 +36,7 @@ from torch import Tensor
 from lit_llm.lightning.checkpointing import CheckpointHooks
 from lit_llm.lightning.graceful_stop import GracefulStop
 from lit_llm.lightning.grad_scaling import plugin_unscale_skipped, unscale_gradients
-from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes, trim_host_memory
+from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes, limit_malloc_arenas, trim_host_memory
 from lit_llm.lightning.policy_setup import (
     check_manual_optimization_options,
     check_sharded_micro_batches,
@@ -182,8 +182,11 @@ class PolicyModule(CheckpointHooks, LightningModule):
         (:func:`~lit_llm.policy.frozen_weights.cast_frozen_matmul_weights`); with ``use_peft``, likewise the trained
         model's frozen base ``Linear`` weights, in place until :meth:`on_fit_end` (the adapters stay fp32;
         checkpoints and ``lit-llm export`` never hold the base; see
-        :func:`~lit_llm.policy.frozen_weights.cast_frozen_base_weights`)."""
+        :func:`~lit_llm.policy.frozen_weights.cast_frozen_base_weights`). On the CPU, first, glibc's malloc arenas
+        are capped at :attr:`host_malloc_arenas` (before any rollout thread starts)."""
         t = self.trainer
+        if self.device.type == "cpu" and self.host_malloc_arenas is not None:  # before any rollout thread starts
+            limit_malloc_arenas(self.host_malloc_arenas)
         check_manual_optimization_options(t)
         check_weights_precision(self.model, str(t.precision), self.model_config.dtype)
         self._share_template_options(t.datamodule)
@@ -379,6 +382,12 @@ class PolicyModule(CheckpointHooks, LightningModule):
     #: memory grows (rollouts in many threads' arenas) keeps releasing whenever it has grown this much.
     host_memory_release_growth: float = 0.10
 
+    #: On the CPU, glibc's malloc arenas for the rest of the process from :meth:`on_fit_start` on
+    #: (:func:`~lit_llm.lightning.host_memory.limit_malloc_arenas`; ``None``: glibc's default, ``8 x cores``). With
+    #: one, the loss (the main thread) reuses the blocks the rollout's generation threads freed instead of faulting in
+    #: new pages for its activations, and no release is needed between the two (issue 31, benchmarks/README.md).
+    host_malloc_arenas: int | None = 1
+
     def release_host_memory(self, *, force: bool = False, site: str = "step") -> dict[str, float]:
         """On the CPU, return glibc's free heap pages to the operating system
         (:func:`~lit_llm.lightning.host_memory.trim_host_memory`: without it a run's resident memory grows with the
@@ -392,10 +401,9 @@ class PolicyModule(CheckpointHooks, LightningModule):
         rank's device and their peak since the start, ``torch.cuda.memory_allocated`` / ``max_memory_allocated``:
         host-side counters, no device sync; not logged on the CPU).
 
-        Call sites: ``"step"`` after every optimizer step (:meth:`on_train_batch_end`), ``"rollout"`` after
-        :class:`~lit_llm.lightning.grpo.GRPOModule` takes each rollout (before the loss: the rollout's tensors were
-        freed in the generation threads' arenas, which the loss's allocations cannot reuse), ``"validation"``
-        (forced) after every validation loop. Without procfs the host figures are left out; on a GPU nothing is
+        Call sites: ``"step"`` after every optimizer step (:meth:`on_train_batch_end`), ``"validation"`` (forced)
+        after every validation loop. None between a GRPO rollout and its loss: with :attr:`host_malloc_arenas` the
+        loss reuses the blocks the rollout freed (a release there made the loss fault them in again, issue 31). Without procfs the host figures are left out; on a GPU nothing is
         released (the activations are not in host memory) and the figures are still returned."""
         if self.device.type == "cpu":
             rss, mark = host_rss_bytes(), self._trimmed_at.get(site)

@@ -144,16 +144,19 @@ def test_release_is_skipped_off_the_cpu(monkeypatch):
                                 "memory/cuda_peak_gib"}
 
 
-@pytest.mark.parametrize("growth", [0.0, 1e9])
-def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch, growth):
-    # a steady resident set; growth 0: a release after taking each rollout (before any micro-batch loss) and after
-    # each step; a large growth: each call site (rollout, step) releases once, on the first step (its own mark)
+@pytest.mark.parametrize(("growth", "arenas"), [(0.0, 1), (1e9, 1), (0.0, None)])
+def test_grpo_caps_the_arenas_at_fit_start_and_releases_after_the_step_only(monkeypatch, growth, arenas):
+    # a steady resident set; at fit start the arenas are capped (host_malloc_arenas; None: left alone); no release
+    # between taking a rollout and its loss (the loss reuses the rollout's freed blocks in the shared arena: a release
+    # there made it fault them in again, issue 31); growth 0: a release after each step; a large growth: once, after
+    # the first step (the step site's first call)
     monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: 2**30)
     from lit_llm.lightning.grpo import GRPOModule
     from lit_llm.lightning.grpo_data import GRPODataModule
 
     events: list[str] = []
     monkeypatch.setattr(module_mod, "trim_host_memory", lambda: events.append("trim") or True)
+    monkeypatch.setattr(module_mod, "limit_malloc_arenas", lambda n: events.append(f"arenas {n}") or True)
     real_loss = GRPOModule.micro_batch_loss
 
     def loss(self, mb, normalizer):
@@ -164,15 +167,53 @@ def test_grpo_releases_after_each_rollout_before_the_loss(monkeypatch, growth):
     module = GRPOModule("tiny", reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
                         num_generations=2, max_new_tokens=3, micro_batch_size=4, log_samples_every=0)
     module.host_memory_release_growth = growth
+    module.host_malloc_arenas = arenas
     trainer = Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       limit_val_batches=0)
     trainer.fit(module, GRPODataModule(batch_size=2, num_train=8, num_eval=0))
-    # per step: the rollout's release, the loss of its one micro-batch, the step's release
-    if growth == 0:
-        assert events == ["trim", "loss", "trim"] * 2
+    start = ["arenas 1"] if arenas else []
+    if growth == 0:  # per step: the loss of its one micro-batch, the step's release
+        assert events == [*start, "loss", "trim", "loss", "trim"]
     else:
-        assert events == ["trim", "loss", "trim", "loss"]
+        assert events == [*start, "loss", "trim", "loss"]
+
+
+@linux_glibc
+@pytest.mark.parametrize("cap", [True, False])
+def test_limit_malloc_arenas_makes_new_threads_share_the_arena(cap):
+    # A fresh interpreter: a thread started after limit_malloc_arenas(1) mallocs from an existing arena; without the
+    # cap glibc gives it one of its own. glibc's malloc_stats() prints one "Arena N:" block per arena (to stderr).
+    code = textwrap.dedent(f"""
+        import ctypes, os, threading
+        from lit_llm.lightning.host_memory import limit_malloc_arenas
+        if {cap}:
+            assert limit_malloc_arenas(1) is True
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        def work():
+            for p in [libc.malloc(4096) for _ in range(1000)]:
+                libc.free(p)
+        libc.malloc_stats()
+        os.write(2, b"--- thread\\n")
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        libc.malloc_stats()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after = out.stderr.split("--- thread")
+    grew = after.count("Arena ") - before.count("Arena ")
+    assert grew == (0 if cap else 1), out.stderr
+
+
+def test_limit_malloc_arenas_rejects_less_than_one():
+    from lit_llm.lightning.host_memory import limit_malloc_arenas
+
+    with pytest.raises(ValueError, match=r"arenas=0 must be at least 1"):
+        limit_malloc_arenas(0)
 
 
 def test_cuda_memory_figures_on_cuda_only(monkeypatch):
