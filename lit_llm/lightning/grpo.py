@@ -406,6 +406,9 @@ class GRPOModule(GreedyEvaluation, PolicyModule):
             self.dropped_rollouts += 1
             self.log("train/dropped_rollouts", self.dropped_rollouts.float(), on_step=True, batch_size=1)
             return None
+        # released only when the rollout itself grew the process (multi-turn episodes): what it freed, not the last
+        # loss's free blocks that this loss reuses (release_host_memory)
+        self.release_host_memory(site="rollout")
         mbs = self.micro_batches(rollout)
         self.stats.reset(len(mbs))
         t_train = time.perf_counter()

@@ -141,7 +141,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
         self.register_buffer("trained_tokens", torch.zeros((), dtype=torch.float64))
         self.register_buffer("skipped_steps", torch.zeros((), dtype=torch.long))
         self._step_start: float | None = None
-        self._trimmed_at: dict[str, int] = {}  # resident bytes just before the last host-memory release, per call site
+        self._trimmed_at: dict[str, int] = {}  # per call site: resident bytes before its last release (release_host_memory)
 
     @classmethod
     def options_of(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -401,15 +401,21 @@ class PolicyModule(CheckpointHooks, LightningModule):
         rank's device and their peak since the start, ``torch.cuda.memory_allocated`` / ``max_memory_allocated``:
         host-side counters, no device sync; not logged on the CPU).
 
-        Call sites: ``"step"`` after every optimizer step (:meth:`on_train_batch_end`), ``"validation"`` (forced)
-        after every validation loop. None between a GRPO rollout and its loss: with :attr:`host_malloc_arenas` the
-        loss reuses the blocks the rollout freed (a release there made the loss fault them in again, issue 31). Without procfs the host figures are left out; on a GPU nothing is
+        Call sites: ``"step"`` after every optimizer step (:meth:`on_train_batch_end`), ``"rollout"`` after
+        :class:`~lit_llm.lightning.grpo.GRPOModule` takes each rollout, before the loss, where the mark is instead the
+        resident set at the end of the last step (after its release, if any): it releases only when the rollout
+        itself grew the process by ``host_memory_release_growth`` (multi-turn episodes), not the free blocks the
+        last step's loss left for the next one to reuse (with :attr:`host_malloc_arenas` the rollout reuses them
+        too; releasing them there made every loss fault them in again, issue 31); ``"validation"`` (forced) after
+        every validation loop. Without procfs the host figures are left out; on a GPU nothing is
         released (the activations are not in host memory) and the figures are still returned."""
         if self.device.type == "cpu":
             rss, mark = host_rss_bytes(), self._trimmed_at.get(site)
             if force or mark is None or rss is None or rss >= mark * (1 + self.host_memory_release_growth):
                 trim_host_memory()
                 self._trimmed_at[site] = rss or 0
+            if site == "step":  # the rollout site measures the rollout's own growth: from the step's end on
+                self._trimmed_at["rollout"] = host_rss_bytes() or 0
         figures = {}
         if self.device.type == "cuda":
             figures = {"memory/cuda_allocated_gib": torch.cuda.memory_allocated(self.device) / 2**30,

@@ -111,7 +111,7 @@ def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, to
 def test_release_follows_the_growth_of_the_resident_set(monkeypatch):
     # each site releases at its first call, then only once the resident set is >= 1.1x its size just before that
     # site's last release: 5.0 (release, mark 5.0), 5.3 (< 5.5), 6.0 (>= 5.5: release, mark 6.0), 5.9, 6.5 (< 6.6),
-    # 6.7 (release); the rollout site keeps its own mark; force always releases
+    # 6.7 (release); force always releases
     calls: list[str] = []
     rss = {"gib": 0.0}
     monkeypatch.setattr(module_mod, "trim_host_memory", lambda: calls.append(f"trim {rss['gib']}") or True)
@@ -123,11 +123,36 @@ def test_release_follows_the_growth_of_the_resident_set(monkeypatch):
         assert figures["memory/host_rss_gib"] == pytest.approx(gib)
     assert calls == ["trim 5.0", "trim 6.0", "trim 6.7"]
     calls.clear()
-    module.release_host_memory(site="rollout")  # first call at that site
-    module.release_host_memory(site="rollout")  # 6.7 < 1.1 x 6.7
     module.release_host_memory(force=True, site="validation")
     module.release_host_memory(force=True, site="validation")
-    assert calls == ["trim 6.7"] * 3
+    assert calls == ["trim 6.7"] * 2
+
+
+def test_rollout_release_follows_the_rollouts_own_growth(monkeypatch):
+    # the rollout site's mark is the resident set at the last step's end (after its release, if any): it releases
+    # only when the rollout grew the process by 10% since then, not for the free blocks the last loss left (which the
+    # next loss reuses); a release here takes the resident set to 2.0 GiB
+    calls: list[str] = []
+    rss = {"gib": 0.0}
+
+    def trim() -> bool:
+        calls.append(f"trim {rss['gib']}")
+        rss["gib"] = 2.0
+        return True
+
+    monkeypatch.setattr(module_mod, "trim_host_memory", trim)
+    monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: int(rss["gib"] * 2**30))
+    module = SFTModule("tiny")
+    for site, gib in [("rollout", 1.2),  # the site's first call: release
+                      ("step", 5.0),  # the site's first call: release (to 2.0; the rollout's mark: 2.0)
+                      ("rollout", 2.6),  # 2.6 >= 1.1 x 2.0: release
+                      ("step", 5.3),  # < 1.1 x 5.0: kept; the rollout's mark: 5.3
+                      ("rollout", 5.4),  # < 1.1 x 5.3: kept
+                      ("step", 5.4),  # kept; the rollout's mark: 5.4
+                      ("rollout", 7.0)]:  # >= 1.1 x 5.4: release
+        rss["gib"] = gib
+        module.release_host_memory(site=site)
+    assert calls == ["trim 1.2", "trim 5.0", "trim 2.6", "trim 7.0"]
 
 
 def test_release_is_skipped_off_the_cpu(monkeypatch):
@@ -145,11 +170,10 @@ def test_release_is_skipped_off_the_cpu(monkeypatch):
 
 
 @pytest.mark.parametrize(("growth", "arenas"), [(0.0, 1), (1e9, 1), (0.0, None)])
-def test_grpo_caps_the_arenas_at_fit_start_and_releases_after_the_step_only(monkeypatch, growth, arenas):
-    # a steady resident set; at fit start the arenas are capped (host_malloc_arenas; None: left alone); no release
-    # between taking a rollout and its loss (the loss reuses the rollout's freed blocks in the shared arena: a release
-    # there made it fault them in again, issue 31); growth 0: a release after each step; a large growth: once, after
-    # the first step (the step site's first call)
+def test_grpo_caps_the_arenas_at_fit_start_and_releases_around_the_loss(monkeypatch, growth, arenas):
+    # a steady resident set; at fit start the arenas are capped (host_malloc_arenas; None: left alone); a release
+    # after taking each rollout, before its loss, and after each step with growth 0; with a large growth each site
+    # releases at its first call only (the rollout's mark is then the step's end: a steady run does not grow)
     monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: 2**30)
     from lit_llm.lightning.grpo import GRPOModule
     from lit_llm.lightning.grpo_data import GRPODataModule
@@ -173,10 +197,10 @@ def test_grpo_caps_the_arenas_at_fit_start_and_releases_after_the_step_only(monk
                       limit_val_batches=0)
     trainer.fit(module, GRPODataModule(batch_size=2, num_train=8, num_eval=0))
     start = ["arenas 1"] if arenas else []
-    if growth == 0:  # per step: the loss of its one micro-batch, the step's release
-        assert events == [*start, "loss", "trim", "loss", "trim"]
+    if growth == 0:  # per step: the rollout's release, the loss of its one micro-batch, the step's release
+        assert events == [*start, "trim", "loss", "trim", "trim", "loss", "trim"]
     else:
-        assert events == [*start, "loss", "trim", "loss"]
+        assert events == [*start, "trim", "loss", "trim", "loss"]
 
 
 @linux_glibc
