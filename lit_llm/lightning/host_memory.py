@@ -13,10 +13,15 @@ releases, after the first optimizer step the process held 7.1 GB resident of whi
 heap top) took the process from 5.9 to 2.2 GB in ~0.3 s.
 
 :func:`trim_host_memory` is called by :class:`~lit_llm.lightning.module.PolicyModule` on the CPU after every
-validation loop, and after optimizer steps and GRPO rollouts when the resident set has grown by
-:attr:`~lit_llm.lightning.module.PolicyModule.host_memory_release_growth` since that call site's last release
-(:meth:`~lit_llm.lightning.module.PolicyModule.release_host_memory`). Elsewhere than glibc (macOS, Windows, musl) it
-does nothing and returns ``False``.
+validation loop, after optimizer steps when the resident set has grown by
+:attr:`~lit_llm.lightning.module.PolicyModule.host_memory_release_growth` since that site's last release, and after
+taking a GRPO rollout when the rollout itself grew the process that much since the step's end
+(:meth:`~lit_llm.lightning.module.PolicyModule.release_host_memory`). A release is not free: its pages are faulted in
+(zeroed) again by the next allocations, ~0.9M faults and ~3 s of system time per SmolLM2 GRPO step when the loss's
+~3.4 GB were released before every loss (issue 31). :func:`limit_malloc_arenas` (called at fit start,
+:attr:`~lit_llm.lightning.module.PolicyModule.host_malloc_arenas`) makes the rollout threads allocate from the main
+thread's arena, so the loss and the rollout reuse each other's freed blocks and a steady run stops releasing after
+its first steps. Elsewhere than glibc (macOS, Windows, musl) both do nothing and return ``False``.
 """
 
 from __future__ import annotations
