@@ -22,6 +22,8 @@ Run it from any checkout (each tree's own code first on ``PYTHONPATH``) to compa
     # the same with the releases off, or with another growth threshold:
     ... benchmarks/grpo_train_cost.py --steps 4 --no-release
     ... benchmarks/grpo_train_cost.py --steps 4 --release-growth 0
+    # glibc's default malloc arenas (one per thread, up to 8 x cores) instead of one shared arena:
+    ... benchmarks/grpo_train_cost.py --steps 4 --malloc-arenas none
     # grpo_step.py's two threads (then cpu_s counts one thread's share only):
     HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python benchmarks/grpo_train_cost.py --steps 4 --threads 2
 """
@@ -72,6 +74,8 @@ def main() -> None:
                         " become no-ops (default: all)")
     p.add_argument("--release-growth", type=float, default=None,
                    help="PolicyModule.host_memory_release_growth (trees that have it)")
+    p.add_argument("--malloc-arenas", default=None,
+                   help="PolicyModule.host_malloc_arenas (trees that have it): a number, or 'none' for glibc's default")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     # no logger on purpose: Lightning's "self.log(...) but have no logger configured" lines, several per step
@@ -96,6 +100,8 @@ def main() -> None:
     module_mod.trim_host_memory = traced_trim
     if a.release_growth is not None:
         module_mod.PolicyModule.host_memory_release_growth = a.release_growth
+    if a.malloc_arenas is not None:
+        module_mod.PolicyModule.host_malloc_arenas = None if a.malloc_arenas == "none" else int(a.malloc_arenas)
 
     steps: list[dict[str, float]] = []
     real_step = module_mod.PolicyModule.training_step
