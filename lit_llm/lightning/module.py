@@ -141,7 +141,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
         self.register_buffer("trained_tokens", torch.zeros((), dtype=torch.float64))
         self.register_buffer("skipped_steps", torch.zeros((), dtype=torch.long))
         self._step_start: float | None = None
-        self._trimmed_at: dict[str, int] = {}  # per call site: resident bytes before its last release (release_host_memory)
+        self._trimmed_at: dict[str, int] = {}  # per call site: the mark of release_host_memory
 
     @classmethod
     def options_of(cls, values: dict[str, Any]) -> dict[str, Any]:
