@@ -385,7 +385,7 @@ class PolicyModule(CheckpointHooks, LightningModule):
     #: On the CPU, glibc's malloc arenas for the rest of the process from :meth:`on_fit_start` on
     #: (:func:`~lit_llm.lightning.host_memory.limit_malloc_arenas`; ``None``: glibc's default, ``8 x cores``). With
     #: one, the loss (the main thread) reuses the blocks the rollout's generation threads freed instead of faulting in
-    #: new pages for its activations, and no release is needed between the two (issue 31, benchmarks/README.md).
+    #: new pages for its activations, and the rollout reuses the loss's (issue 31, benchmarks/README.md).
     host_malloc_arenas: int | None = 1
 
     def release_host_memory(self, *, force: bool = False, site: str = "step") -> dict[str, float]:
@@ -414,13 +414,13 @@ class PolicyModule(CheckpointHooks, LightningModule):
             if force or mark is None or rss is None or rss >= mark * (1 + self.host_memory_release_growth):
                 trim_host_memory()
                 self._trimmed_at[site] = rss or 0
-            if site == "step":  # the rollout site measures the rollout's own growth: from the step's end on
-                self._trimmed_at["rollout"] = host_rss_bytes() or 0
         figures = {}
         if self.device.type == "cuda":
             figures = {"memory/cuda_allocated_gib": torch.cuda.memory_allocated(self.device) / 2**30,
                        "memory/cuda_peak_gib": torch.cuda.max_memory_allocated(self.device) / 2**30}
-        rss, peak = host_rss_bytes(), host_peak_rss_bytes()
+        rss, peak = host_rss_bytes(), host_peak_rss_bytes()  # after the release, if any
+        if site == "step" and self.device.type == "cpu":  # the rollout site measures the rollout's own growth
+            self._trimmed_at["rollout"] = rss or 0
         if rss is None or peak is None:
             return figures
         return {"memory/host_rss_gib": rss / 2**30, "memory/host_peak_rss_gib": max(peak, rss) / 2**30, **figures}
