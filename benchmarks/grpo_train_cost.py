@@ -24,6 +24,8 @@ Run it from any checkout (each tree's own code first on ``PYTHONPATH``) to compa
     ... benchmarks/grpo_train_cost.py --steps 4 --release-growth 0
     # glibc's default malloc arenas (one per thread, up to 8 x cores) instead of one shared arena:
     ... benchmarks/grpo_train_cost.py --steps 4 --malloc-arenas none
+    # glibc's default mmap / trim thresholds (large freed blocks unmapped at once) instead of keeping freed pages:
+    ... benchmarks/grpo_train_cost.py --steps 4 --keep-freed-pages no
     # grpo_step.py's two threads (then cpu_s counts one thread's share only):
     HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python benchmarks/grpo_train_cost.py --steps 4 --threads 2
 """
@@ -76,6 +78,8 @@ def main() -> None:
                    help="PolicyModule.host_memory_release_growth (trees that have it)")
     p.add_argument("--malloc-arenas", default=None,
                    help="PolicyModule.host_malloc_arenas (trees that have it): a number, or 'none' for glibc's default")
+    p.add_argument("--keep-freed-pages", choices=["yes", "no"], default=None,
+                   help="PolicyModule.host_malloc_keep_freed_pages (trees that have it)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     # no logger on purpose: Lightning's "self.log(...) but have no logger configured" lines, several per step
@@ -102,6 +106,8 @@ def main() -> None:
         module_mod.PolicyModule.host_memory_release_growth = a.release_growth
     if a.malloc_arenas is not None:
         module_mod.PolicyModule.host_malloc_arenas = None if a.malloc_arenas == "none" else int(a.malloc_arenas)
+    if a.keep_freed_pages is not None:
+        module_mod.PolicyModule.host_malloc_keep_freed_pages = a.keep_freed_pages == "yes"
 
     steps: list[dict[str, float]] = []
     real_step = module_mod.PolicyModule.training_step

@@ -13,15 +13,18 @@ releases, after the first optimizer step the process held 7.1 GB resident of whi
 heap top) took the process from 5.9 to 2.2 GB in ~0.3 s.
 
 :func:`trim_host_memory` is called by :class:`~lit_llm.lightning.module.PolicyModule` on the CPU after every
-validation loop, after optimizer steps when the resident set has grown by
-:attr:`~lit_llm.lightning.module.PolicyModule.host_memory_release_growth` since that site's last release, and after
-taking a GRPO rollout when the rollout itself grew the process that much since the step's end
-(:meth:`~lit_llm.lightning.module.PolicyModule.release_host_memory`). A release is not free: its pages are faulted in
-(zeroed) again by the next allocations, ~0.9M faults and ~3 s of system time per SmolLM2 GRPO step when the loss's
-~3.4 GB were released before every loss (issue 31). :func:`limit_malloc_arenas` (called at fit start,
-:attr:`~lit_llm.lightning.module.PolicyModule.host_malloc_arenas`) makes the rollout threads allocate from the main
-thread's arena, so the loss and the rollout reuse each other's freed blocks and a steady run stops releasing after
-its first steps. Elsewhere than glibc (macOS, Windows, musl) both do nothing and return ``False``.
+validation loop, after optimizer steps once the resident set has grown by
+:attr:`~lit_llm.lightning.module.PolicyModule.host_memory_release_growth` since that site's mark (its first call, then
+its last release), and after taking a GRPO rollout when the rollout itself grew the process that much since the
+step's end (:meth:`~lit_llm.lightning.module.PolicyModule.release_host_memory`). A release is not free: its pages are
+faulted in (zeroed) again by the next allocations, ~0.9M faults and ~3 s of system time per SmolLM2 GRPO step when the
+loss's ~3.4 GB were released before every loss (issue 31). At fit start the module also calls
+:func:`limit_malloc_arenas` (:attr:`~lit_llm.lightning.module.PolicyModule.host_malloc_arenas`: the rollout threads
+allocate from the main thread's arena, so the loss and the rollout reuse each other's freed blocks) and
+:func:`keep_freed_pages` (:attr:`~lit_llm.lightning.module.PolicyModule.host_malloc_keep_freed_pages`: freed blocks
+above the mmap threshold stay in the heap for the next step instead of being unmapped): a steady run then faults in
+almost nothing after its first steps and never releases. Elsewhere than glibc (macOS, Windows, musl) all three do
+nothing and return ``False``.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ import sys
 from functools import cache
 from typing import Any
 
-__all__ = ["host_peak_rss_bytes", "host_rss_bytes", "limit_malloc_arenas", "trim_host_memory"]
+__all__ = ["host_peak_rss_bytes", "host_rss_bytes", "keep_freed_pages", "limit_malloc_arenas", "trim_host_memory"]
 
-#: glibc's ``mallopt`` parameter for the most arenas it creates (``M_ARENA_MAX`` in ``<malloc.h>``).
-M_ARENA_MAX = -8
+#: glibc's ``mallopt`` parameters (``<malloc.h>``): the most arenas it creates; the free space at the heap top above
+#: which ``free`` returns it to the system; the most blocks it serves with their own ``mmap``.
+M_ARENA_MAX, M_TRIM_THRESHOLD, M_MMAP_MAX = -8, -1, -4
 
 
 @cache
@@ -81,6 +85,26 @@ def limit_malloc_arenas(arenas: int) -> bool:
         raise ValueError(f"limit_malloc_arenas: arenas={arenas!r} must be at least 1")
     fn = _libc_function("mallopt", ctypes.c_int, ctypes.c_int)  # int mallopt(int param, int value)
     return fn is not None and fn(M_ARENA_MAX, int(arenas)) == 1
+
+
+def keep_freed_pages() -> bool:
+    """Make glibc's ``malloc`` keep the pages of freed blocks for reuse for the rest of the process, whatever their
+    size, until :func:`trim_host_memory` returns them: every block comes from the heap (``mallopt(M_MMAP_MAX, 0)``:
+    none gets its own ``mmap``, which ``free`` unmaps at once) and ``free`` never shrinks the heap top
+    (``mallopt(M_TRIM_THRESHOLD, -1)``, "disables trimming completely" in ``mallopt(3)``).
+
+    Why: by default a block above the dynamic mmap threshold (at most 32 MiB: the logits, the attention and MLP
+    activations of a long micro-batch) is mapped on ``malloc`` and unmapped on ``free``, so each step faults in and
+    zeroes fresh pages for all of them: ~0.5M page faults and ~3.8 s of system time per steady SmolLM2 GRPO step on a
+    2-core CPU, ~0.06M and ~1 s with this (issue 31, benchmarks/README.md). The cost: the heap holds the freed
+    blocks (peak resident +0.05 GiB on that run, +0.2-0.3 GB in 3 steps of the tool-using calculator config), which
+    the growth-triggered releases of :class:`~lit_llm.lightning.module.PolicyModule` bound.
+
+    Returns:
+        ``True`` if glibc's ``mallopt`` accepted both, ``False`` where it is not available (non-Linux, non-glibc).
+    """
+    fn = _libc_function("mallopt", ctypes.c_int, ctypes.c_int)
+    return fn is not None and fn(M_MMAP_MAX, 0) == 1 and fn(M_TRIM_THRESHOLD, -1) == 1
 
 
 def trim_host_memory() -> bool:

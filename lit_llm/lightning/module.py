@@ -36,7 +36,13 @@ from torch import Tensor
 from lit_llm.lightning.checkpointing import CheckpointHooks
 from lit_llm.lightning.graceful_stop import GracefulStop
 from lit_llm.lightning.grad_scaling import plugin_unscale_skipped, unscale_gradients
-from lit_llm.lightning.host_memory import host_peak_rss_bytes, host_rss_bytes, limit_malloc_arenas, trim_host_memory
+from lit_llm.lightning.host_memory import (
+    host_peak_rss_bytes,
+    host_rss_bytes,
+    keep_freed_pages,
+    limit_malloc_arenas,
+    trim_host_memory,
+)
 from lit_llm.lightning.policy_setup import (
     check_manual_optimization_options,
     check_sharded_micro_batches,
@@ -183,10 +189,13 @@ class PolicyModule(CheckpointHooks, LightningModule):
         model's frozen base ``Linear`` weights, in place until :meth:`on_fit_end` (the adapters stay fp32;
         checkpoints and ``lit-llm export`` never hold the base; see
         :func:`~lit_llm.policy.frozen_weights.cast_frozen_base_weights`). On the CPU, first, glibc's malloc arenas
-        are capped at :attr:`host_malloc_arenas` (before any rollout thread starts)."""
+        are capped at :attr:`host_malloc_arenas` (before any rollout thread starts) and, with
+        :attr:`host_malloc_keep_freed_pages`, malloc keeps freed pages for reuse."""
         t = self.trainer
         if self.device.type == "cpu" and self.host_malloc_arenas is not None:  # before any rollout thread starts
             limit_malloc_arenas(self.host_malloc_arenas)
+        if self.device.type == "cpu" and self.host_malloc_keep_freed_pages:
+            keep_freed_pages()
         check_manual_optimization_options(t)
         check_weights_precision(self.model, str(t.precision), self.model_config.dtype)
         self._share_template_options(t.datamodule)
@@ -374,13 +383,14 @@ class PolicyModule(CheckpointHooks, LightningModule):
         """Give the evaluation's freed host memory back (:meth:`release_host_memory`, always)."""
         self.release_host_memory(force=True, site="validation")
 
-    #: Least growth of the resident set since a call site's last host-memory release (a fraction of the resident
-    #: bytes measured just before it) for that site to release again. A release costs ~0.4 s per ~4 GB freed and the
-    #: pages it frees are faulted in (zeroed) again by the next allocations: on a run whose memory is steady (the
-    #: single-turn demo, SFT) the next step reuses them, and releasing after every step cost ~850k extra page faults
-    #: and ~2.5 s of system time per SmolLM2 GRPO step (issue 31, benchmarks/README.md); a run whose free-but-held
-    #: memory grows (rollouts in many threads' arenas) keeps releasing whenever it has grown this much.
-    host_memory_release_growth: float = 0.10
+    #: Least growth of the resident set since a call site's mark (its first call, then just before its last
+    #: host-memory release; a fraction of the resident bytes) for that site to release. A release costs ~0.4 s per
+    #: ~4 GB freed and the pages it frees are faulted in (zeroed) again by the next allocations: on a run whose memory
+    #: is steady (the single-turn demo, SFT) the next step reuses them, and releasing after every step cost ~850k
+    #: extra page faults and ~2.5 s of system time per SmolLM2 GRPO step (issue 31, benchmarks/README.md); a run
+    #: whose free-but-held memory grows keeps releasing whenever it has grown this much. 0.2: the GRPO benchmark's
+    #: steady resident set moves by up to 15% from step to step (rollouts of different lengths).
+    host_memory_release_growth: float = 0.20
 
     #: On the CPU, glibc's malloc arenas for the rest of the process from :meth:`on_fit_start` on
     #: (:func:`~lit_llm.lightning.host_memory.limit_malloc_arenas`; ``None``: glibc's default, ``8 x cores``). With
@@ -388,18 +398,24 @@ class PolicyModule(CheckpointHooks, LightningModule):
     #: new pages for its activations, and the rollout reuses the loss's (issue 31, benchmarks/README.md).
     host_malloc_arenas: int | None = 1
 
+    #: On the CPU, from :meth:`on_fit_start` on, glibc's malloc keeps the pages of freed blocks of every size for
+    #: reuse until a release (:func:`~lit_llm.lightning.host_memory.keep_freed_pages`): each step reuses the last
+    #: step's activation blocks instead of mapping and zeroing fresh pages for the large ones (issue 31).
+    host_malloc_keep_freed_pages: bool = True
+
     def release_host_memory(self, *, force: bool = False, site: str = "step") -> dict[str, float]:
         """On the CPU, return glibc's free heap pages to the operating system
         (:func:`~lit_llm.lightning.host_memory.trim_host_memory`: without it a run's resident memory grows with the
         arenas' free blocks: a 14.5 GiB peak for the calculator agent config, 8.3 GiB with the releases) when due:
-        always with ``force`` and at a call site's first call, else when this process's resident set is at least
-        ``1 + host_memory_release_growth`` times what it was just before the last release at this call site ``site``
-        (each site has its own mark: a steady run stops releasing after its first steps, a growing one releases as it
-        grows). Then read the figures logged each step: ``memory/host_rss_gib`` (this process's resident set, GiB)
-        and ``memory/host_peak_rss_gib`` (its peak so far, ``getrusage`` ``ru_maxrss``, GiB); on CUDA also
-        ``memory/cuda_allocated_gib`` and ``memory/cuda_peak_gib`` (the caching allocator's live tensors on this
-        rank's device and their peak since the start, ``torch.cuda.memory_allocated`` / ``max_memory_allocated``:
-        host-side counters, no device sync; not logged on the CPU).
+        always with ``force``, else when this process's resident set is at least ``1 + host_memory_release_growth``
+        times the mark of this call site ``site``: the resident set at its first call (which only sets it: the first
+        step's memory is the working set the next steps reuse), then just before its last release (a steady run does
+        not release, a growing one releases as it grows). Then read the figures logged each step:
+        ``memory/host_rss_gib`` (this process's resident set, GiB) and ``memory/host_peak_rss_gib`` (its peak so far,
+        ``getrusage`` ``ru_maxrss``, GiB); on CUDA also ``memory/cuda_allocated_gib`` and ``memory/cuda_peak_gib``
+        (the caching allocator's live tensors on this rank's device and their peak since the start,
+        ``torch.cuda.memory_allocated`` / ``max_memory_allocated``: host-side counters, no device sync; not logged on
+        the CPU).
 
         Call sites: ``"step"`` after every optimizer step (:meth:`on_train_batch_end`), ``"rollout"`` after
         :class:`~lit_llm.lightning.grpo.GRPOModule` takes each rollout, before the loss, where the mark is instead the
@@ -411,8 +427,10 @@ class PolicyModule(CheckpointHooks, LightningModule):
         released (the activations are not in host memory) and the figures are still returned."""
         if self.device.type == "cpu":
             rss, mark = host_rss_bytes(), self._trimmed_at.get(site)
-            if force or mark is None or rss is None or rss >= mark * (1 + self.host_memory_release_growth):
+            due = force or rss is None or (mark is not None and rss >= mark * (1 + self.host_memory_release_growth))
+            if due:
                 trim_host_memory()
+            if due or mark is None:
                 self._trimmed_at[site] = rss or 0
         figures = {}
         if self.device.type == "cuda":

@@ -65,8 +65,8 @@ ROWS = [{"prompt": f"Say {w}.", "completion": f"{w} {w} {w}"} for w in ("yes", "
 
 @pytest.mark.parametrize("growth", [0.0, 1e9])
 def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, tokenizer, monkeypatch, growth):
-    # a steady resident set; growth 0: after every step; a large growth: after the first step only (then each
-    # validation, always)
+    # a steady resident set; the first step only sets the step site's mark; growth 0: a release after every later
+    # step; a large growth: none after a step (each validation releases, always)
     calls: list[str] = []
     monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: 2**30)
 
@@ -100,7 +100,7 @@ def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, to
                       accelerator="cpu", devices=1)
     trainer.fit(module, dm)
     assert count.steps == 3 and count.validations >= 1
-    assert len(calls) == (count.steps if growth == 0 else 1) + count.validations
+    assert len(calls) == (count.steps - 1 if growth == 0 else 0) + count.validations
     rows = list(csv.DictReader(open(tmp_path / "csv" / "version_0" / "metrics.csv")))
     logged = [r for r in rows if r.get("memory/host_rss_gib")]
     if host_rss_bytes() is not None:
@@ -109,28 +109,29 @@ def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, to
 
 
 def test_release_follows_the_growth_of_the_resident_set(monkeypatch):
-    # each site releases at its first call, then only once the resident set is >= 1.1x its size just before that
-    # site's last release: 5.0 (release, mark 5.0), 5.3 (< 5.5), 6.0 (>= 5.5: release, mark 6.0), 5.9, 6.5 (< 6.6),
-    # 6.7 (release); force always releases
+    # a site's first call only sets its mark; then it releases once the resident set is >= 1.2x (the default growth)
+    # the mark, which becomes the size just before that release: 5.0 (mark 5.0), 5.9 (< 6.0), 6.1 (>= 6.0: release,
+    # mark 6.1), 7.2 (< 7.32), 7.4 (release, mark 7.4), 7.0; force always releases
     calls: list[str] = []
     rss = {"gib": 0.0}
     monkeypatch.setattr(module_mod, "trim_host_memory", lambda: calls.append(f"trim {rss['gib']}") or True)
     monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: int(rss["gib"] * 2**30))
     module = SFTModule("tiny")
-    for gib in (5.0, 5.3, 6.0, 5.9, 6.5, 6.7):
+    assert module.host_memory_release_growth == 0.2
+    for gib in (5.0, 5.9, 6.1, 7.2, 7.4, 7.0):
         rss["gib"] = gib
         figures = module.release_host_memory()
         assert figures["memory/host_rss_gib"] == pytest.approx(gib)
-    assert calls == ["trim 5.0", "trim 6.0", "trim 6.7"]
+    assert calls == ["trim 6.1", "trim 7.4"]
     calls.clear()
     module.release_host_memory(force=True, site="validation")
     module.release_host_memory(force=True, site="validation")
-    assert calls == ["trim 6.7"] * 2
+    assert calls == ["trim 7.0"] * 2
 
 
 def test_rollout_release_follows_the_rollouts_own_growth(monkeypatch):
     # the rollout site's mark is the resident set at the last step's end (after its release, if any): it releases
-    # only when the rollout grew the process by 10% since then, not for the free blocks the last loss left (which the
+    # only when the rollout grew the process by 20% since then, not for the free blocks the last loss left (which the
     # next loss reuses); a release here takes the resident set to 2.0 GiB
     calls: list[str] = []
     rss = {"gib": 0.0}
@@ -143,16 +144,18 @@ def test_rollout_release_follows_the_rollouts_own_growth(monkeypatch):
     monkeypatch.setattr(module_mod, "trim_host_memory", trim)
     monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: int(rss["gib"] * 2**30))
     module = SFTModule("tiny")
-    for site, gib in [("rollout", 1.2),  # the site's first call: release
-                      ("step", 5.0),  # the site's first call: release (to 2.0; the rollout's mark: 2.0)
-                      ("rollout", 2.6),  # 2.6 >= 1.1 x 2.0: release
-                      ("step", 5.3),  # < 1.1 x 5.0: kept; the rollout's mark: 5.3
-                      ("rollout", 5.4),  # < 1.1 x 5.3: kept
+    for site, gib in [("rollout", 1.2),  # the site's first call: its mark, kept
+                      ("step", 5.0),  # the site's first call: its mark, kept; the rollout's mark: 5.0
+                      ("rollout", 6.2),  # 6.2 >= 1.2 x 5.0: release (to 2.0)
+                      ("step", 5.3),  # < 1.2 x 5.0: kept; the rollout's mark: 5.3
+                      ("rollout", 6.3),  # < 1.2 x 5.3: kept
                       ("step", 5.4),  # kept; the rollout's mark: 5.4
-                      ("rollout", 7.0)]:  # >= 1.1 x 5.4: release
+                      ("rollout", 7.0),  # >= 1.2 x 5.4: release
+                      ("step", 6.1)]:  # >= 1.2 x 5.0: release (to 2.0; the rollout's mark: 2.0)
         rss["gib"] = gib
         module.release_host_memory(site=site)
-    assert calls == ["trim 1.2", "trim 5.0", "trim 2.6", "trim 7.0"]
+    assert calls == ["trim 6.2", "trim 7.0", "trim 6.1"]
+    assert module._trimmed_at == {"step": int(6.1 * 2**30), "rollout": 2 * 2**30}
 
 
 def test_release_is_skipped_off_the_cpu(monkeypatch):
@@ -169,11 +172,12 @@ def test_release_is_skipped_off_the_cpu(monkeypatch):
                                 "memory/cuda_peak_gib"}
 
 
-@pytest.mark.parametrize(("growth", "arenas"), [(0.0, 1), (1e9, 1), (0.0, None)])
-def test_grpo_caps_the_arenas_at_fit_start_and_releases_around_the_loss(monkeypatch, growth, arenas):
-    # a steady resident set; at fit start the arenas are capped (host_malloc_arenas; None: left alone); a release
-    # after taking each rollout, before its loss, and after each step with growth 0; with a large growth each site
-    # releases at its first call only (the rollout's mark is then the step's end: a steady run does not grow)
+@pytest.mark.parametrize(("growth", "arenas", "keep"), [(0.0, 1, True), (1e9, 1, True), (0.0, None, False)])
+def test_grpo_tunes_malloc_at_fit_start_and_releases_around_the_loss(monkeypatch, growth, arenas, keep):
+    # a steady resident set; at fit start the arenas are capped (host_malloc_arenas; None: left alone) and malloc
+    # keeps freed pages (host_malloc_keep_freed_pages); each site's first call only sets its mark; with growth 0 a
+    # release after taking each later rollout, before its loss, and after each later step; with a large growth none
+    # (the rollout's mark is the step's end: a steady run does not grow)
     monkeypatch.setattr(module_mod, "host_rss_bytes", lambda: 2**30)
     from lit_llm.lightning.grpo import GRPOModule
     from lit_llm.lightning.grpo_data import GRPODataModule
@@ -181,6 +185,7 @@ def test_grpo_caps_the_arenas_at_fit_start_and_releases_around_the_loss(monkeypa
     events: list[str] = []
     monkeypatch.setattr(module_mod, "trim_host_memory", lambda: events.append("trim") or True)
     monkeypatch.setattr(module_mod, "limit_malloc_arenas", lambda n: events.append(f"arenas {n}") or True)
+    monkeypatch.setattr(module_mod, "keep_freed_pages", lambda: events.append("keep") or True)
     real_loss = GRPOModule.micro_batch_loss
 
     def loss(self, mb, normalizer):
@@ -192,15 +197,16 @@ def test_grpo_caps_the_arenas_at_fit_start_and_releases_around_the_loss(monkeypa
                         num_generations=2, max_new_tokens=3, micro_batch_size=4, log_samples_every=0)
     module.host_memory_release_growth = growth
     module.host_malloc_arenas = arenas
+    module.host_malloc_keep_freed_pages = keep
     trainer = Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       limit_val_batches=0)
     trainer.fit(module, GRPODataModule(batch_size=2, num_train=8, num_eval=0))
-    start = ["arenas 1"] if arenas else []
-    if growth == 0:  # per step: the rollout's release, the loss of its one micro-batch, the step's release
-        assert events == [*start, "trim", "loss", "trim", "trim", "loss", "trim"]
+    start = (["arenas 1"] if arenas else []) + (["keep"] if keep else [])
+    if growth == 0:  # step 2: the rollout's release, the loss of its one micro-batch, the step's release
+        assert events == [*start, "loss", "trim", "loss", "trim"]
     else:
-        assert events == [*start, "trim", "loss", "trim", "loss"]
+        assert events == [*start, "loss", "loss"]
 
 
 @linux_glibc
@@ -231,6 +237,43 @@ def test_limit_malloc_arenas_makes_new_threads_share_the_arena(cap):
     before, after = out.stderr.split("--- thread")
     grew = after.count("Arena ") - before.count("Arena ")
     assert grew == (0 if cap else 1), out.stderr
+
+
+@linux_glibc
+@pytest.mark.parametrize("keep", [True, False])
+def test_keep_freed_pages_keeps_a_large_freed_block_resident_for_reuse(keep):
+    # A fresh interpreter: a 64 MiB block (above glibc's mmap threshold: by default it gets its own mmap, which free()
+    # unmaps) is written, freed and allocated again. With keep_freed_pages() it comes from the heap, free() leaves its
+    # pages resident and the second allocation faults none in; without, free() drops 64 MiB and the second one faults
+    # in all 16384 pages again. trim_host_memory() still returns kept pages.
+    code = textwrap.dedent(f"""
+        import ctypes, resource
+        from lit_llm.lightning.host_memory import host_rss_bytes, keep_freed_pages, trim_host_memory
+        if {keep}:
+            assert keep_freed_pages() is True
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        size = 64 * 2**20
+        p = libc.malloc(size); libc.memset(p, 1, size)
+        written = host_rss_bytes()
+        libc.free(p)
+        freed = host_rss_bytes()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        p = libc.malloc(size); libc.memset(p, 1, size)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        libc.free(p)
+        trim_host_memory()
+        print(written - freed, faults, written - host_rss_bytes())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    dropped_by_free, faults, dropped_by_trim = map(int, out.stdout.split())
+    if keep:
+        assert dropped_by_free < 2**20 and faults < 256 and dropped_by_trim > 60 * 2**20, out.stdout
+    else:
+        assert dropped_by_free > 60 * 2**20 and faults >= 16000, out.stdout
 
 
 def test_limit_malloc_arenas_rejects_less_than_one():
