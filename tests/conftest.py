@@ -28,6 +28,16 @@ def require_shared(path: Path, what: str = "GSM8K") -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _process_malloc_left_alone(monkeypatch):
+    """Fits inside the pytest process leave glibc's malloc as it is: the module's fit-start arena cap and kept freed
+    pages are process-wide and cannot be undone, so here they are no-ops returning ``False`` (as off glibc).
+    tests/lightning/test_host_memory.py counts the module's calls and checks the real ones in fresh interpreters; the
+    CLI tests' subprocesses run them for real."""
+    monkeypatch.setattr("lit_llm.lightning.module.limit_malloc_arenas", lambda arenas: False)
+    monkeypatch.setattr("lit_llm.lightning.module.keep_freed_pages", lambda: False)
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread for the test (small models on 2 shared cores run several times faster), restored after."""

@@ -96,9 +96,14 @@ def keep_freed_pages() -> bool:
     Why: by default a block above the dynamic mmap threshold (at most 32 MiB: the logits, the attention and MLP
     activations of a long micro-batch) is mapped on ``malloc`` and unmapped on ``free``, so each step faults in and
     zeroes fresh pages for all of them: ~0.5M page faults and ~3.8 s of system time per steady SmolLM2 GRPO step on a
-    2-core CPU, ~0.06M and ~1 s with this (issue 31, benchmarks/README.md). The cost: the heap holds the freed
-    blocks (peak resident +0.05 GiB on that run, +0.2-0.3 GB in 3 steps of the tool-using calculator config), which
-    the growth-triggered releases of :class:`~lit_llm.lightning.module.PolicyModule` bound.
+    2-core CPU, 0.05-0.13M and ~1 s with this (issue 31, benchmarks/README.md). The cost: the heap holds the freed
+    blocks (peak resident +0.07-0.11 GiB on that run, +0.06 GB in 3 steps of the tool-using calculator config, one
+    run each); :class:`~lit_llm.lightning.module.PolicyModule`'s releases return them once the resident set has grown
+    past its mark.
+
+    "Every size" holds in the main arena, where every thread allocates under ``limit_malloc_arenas(1)``; in other
+    arenas glibc still maps a block larger than their 64 MiB heaps and unmaps a heap that became empty. Under another
+    allocator (``LD_PRELOAD`` jemalloc / tcmalloc) ``mallopt`` may answer without acting.
 
     Returns:
         ``True`` if glibc's ``mallopt`` accepted both, ``False`` where it is not available (non-Linux, non-glibc).

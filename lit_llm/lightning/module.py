@@ -190,8 +190,10 @@ class PolicyModule(CheckpointHooks, LightningModule):
         checkpoints and ``lit-llm export`` never hold the base; see
         :func:`~lit_llm.policy.frozen_weights.cast_frozen_base_weights`). On the CPU, first, glibc's malloc arenas
         are capped at :attr:`host_malloc_arenas` (before any rollout thread starts) and, with
-        :attr:`host_malloc_keep_freed_pages`, malloc keeps freed pages for reuse."""
+        :attr:`host_malloc_keep_freed_pages`, malloc keeps freed pages for reuse; the release marks of an earlier
+        fit are dropped (:meth:`release_host_memory`)."""
         t = self.trainer
+        self._trimmed_at.clear()
         if self.device.type == "cpu" and self.host_malloc_arenas is not None:  # before any rollout thread starts
             limit_malloc_arenas(self.host_malloc_arenas)
         if self.device.type == "cpu" and self.host_malloc_keep_freed_pages:
@@ -400,7 +402,8 @@ class PolicyModule(CheckpointHooks, LightningModule):
 
     #: On the CPU, from :meth:`on_fit_start` on, glibc's malloc keeps the pages of freed blocks of every size for
     #: reuse until a release (:func:`~lit_llm.lightning.host_memory.keep_freed_pages`): each step reuses the last
-    #: step's activation blocks instead of mapping and zeroing fresh pages for the large ones (issue 31).
+    #: step's activation blocks instead of mapping and zeroing fresh pages for the large ones (issue 31). Like the
+    #: arena cap, process-wide and not undone after the fit.
     host_malloc_keep_freed_pages: bool = True
 
     def release_host_memory(self, *, force: bool = False, site: str = "step") -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -80,6 +81,7 @@ def test_sft_module_releases_host_memory_after_steps_and_validation(tmp_path, to
     torch.manual_seed(0)
     module = SFTModule("tiny", optimizer=partial(torch.optim.SGD, lr=0.1))
     module.host_memory_release_growth = growth
+    module._trimmed_at["step"] = 1  # a mark left by an earlier fit (it would make step 1 release): dropped at fit start
     dm = SFTDataModule(str(path), batch_size=2, micro_batch_size=2, val_fraction=0.34)
     dm.tokenizer = tokenizer
 
@@ -195,6 +197,7 @@ def test_grpo_tunes_malloc_at_fit_start_and_releases_around_the_loss(monkeypatch
     monkeypatch.setattr(GRPOModule, "micro_batch_loss", loss)
     module = GRPOModule("tiny", reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
                         num_generations=2, max_new_tokens=3, micro_batch_size=4, log_samples_every=0)
+    assert (module.host_malloc_arenas, module.host_malloc_keep_freed_pages) == (1, True)  # the defaults: case 1
     module.host_memory_release_growth = growth
     module.host_malloc_arenas = arenas
     module.host_malloc_keep_freed_pages = keep
@@ -245,7 +248,8 @@ def test_keep_freed_pages_keeps_a_large_freed_block_resident_for_reuse(keep):
     # A fresh interpreter: a 64 MiB block (above glibc's mmap threshold: by default it gets its own mmap, which free()
     # unmaps) is written, freed and allocated again. With keep_freed_pages() it comes from the heap, free() leaves its
     # pages resident and the second allocation faults none in; without, free() drops 64 MiB and the second one faults
-    # in all 16384 pages again. trim_host_memory() still returns kept pages.
+    # in its pages again. trim_host_memory() still returns kept pages. The child gets no malloc settings of its own
+    # (GLIBC_TUNABLES, MALLOC_*, a preloaded allocator) from this process's environment.
     code = textwrap.dedent(f"""
         import ctypes, resource
         from lit_llm.lightning.host_memory import host_rss_bytes, keep_freed_pages, trim_host_memory
@@ -267,13 +271,15 @@ def test_keep_freed_pages_keeps_a_large_freed_block_resident_for_reuse(keep):
         trim_host_memory()
         print(written - freed, faults, written - host_rss_bytes())
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GLIBC_TUNABLES", "LD_PRELOAD") and not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     dropped_by_free, faults, dropped_by_trim = map(int, out.stdout.split())
     if keep:
         assert dropped_by_free < 2**20 and faults < 256 and dropped_by_trim > 60 * 2**20, out.stdout
-    else:
-        assert dropped_by_free > 60 * 2**20 and faults >= 16000, out.stdout
+    else:  # the page count depends on the page size (transparent huge pages): the drop on free() does not
+        assert dropped_by_free > 60 * 2**20 and faults > 0, out.stdout
 
 
 def test_limit_malloc_arenas_rejects_less_than_one():
