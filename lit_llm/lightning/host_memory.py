@@ -56,6 +56,13 @@ def _libc_function(name: str, *argtypes: Any) -> Any:
     return fn
 
 
+def _mallopt(*settings: tuple[int, int]) -> bool:
+    """glibc's ``mallopt(param, value)`` for each ``(param, value)`` in turn: ``True`` if every one was accepted,
+    ``False`` at the first refusal or where there is no ``mallopt`` (non-Linux, non-glibc)."""
+    fn = _libc_function("mallopt", ctypes.c_int, ctypes.c_int)  # int mallopt(int param, int value)
+    return fn is not None and all(fn(param, value) == 1 for param, value in settings)
+
+
 def limit_malloc_arenas(arenas: int) -> bool:
     """Cap glibc's malloc arenas at ``arenas`` for the rest of the process (``mallopt(M_ARENA_MAX, arenas)``), so
     that threads started from now on allocate from the existing arenas (with ``1``: the main thread's) instead of
@@ -83,8 +90,7 @@ def limit_malloc_arenas(arenas: int) -> bool:
     """
     if arenas < 1:
         raise ValueError(f"limit_malloc_arenas: arenas={arenas!r} must be at least 1")
-    fn = _libc_function("mallopt", ctypes.c_int, ctypes.c_int)  # int mallopt(int param, int value)
-    return fn is not None and fn(M_ARENA_MAX, int(arenas)) == 1
+    return _mallopt((M_ARENA_MAX, int(arenas)))
 
 
 def keep_freed_pages() -> bool:
@@ -108,8 +114,7 @@ def keep_freed_pages() -> bool:
     Returns:
         ``True`` if glibc's ``mallopt`` accepted both, ``False`` where it is not available (non-Linux, non-glibc).
     """
-    fn = _libc_function("mallopt", ctypes.c_int, ctypes.c_int)
-    return fn is not None and fn(M_MMAP_MAX, 0) == 1 and fn(M_TRIM_THRESHOLD, -1) == 1
+    return _mallopt((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))
 
 
 def trim_host_memory() -> bool:

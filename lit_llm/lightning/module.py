@@ -428,20 +428,22 @@ class PolicyModule(CheckpointHooks, LightningModule):
         too; releasing them there made every loss fault them in again, issue 31); ``"validation"`` (forced) after
         every validation loop. Without procfs the host figures are left out; on a GPU nothing is
         released (the activations are not in host memory) and the figures are still returned."""
+        rss = host_rss_bytes()
         if self.device.type == "cpu":
-            rss, mark = host_rss_bytes(), self._trimmed_at.get(site)
+            mark = self._trimmed_at.get(site)
             due = force or rss is None or (mark is not None and rss >= mark * (1 + self.host_memory_release_growth))
-            if due:
-                trim_host_memory()
             if due or mark is None:
                 self._trimmed_at[site] = rss or 0
+            if due:
+                trim_host_memory()
+                rss = host_rss_bytes()  # after the release: the figures and the rollout's mark
+            if site == "step":  # the rollout site measures the rollout's own growth
+                self._trimmed_at["rollout"] = rss or 0
         figures = {}
         if self.device.type == "cuda":
             figures = {"memory/cuda_allocated_gib": torch.cuda.memory_allocated(self.device) / 2**30,
                        "memory/cuda_peak_gib": torch.cuda.max_memory_allocated(self.device) / 2**30}
-        rss, peak = host_rss_bytes(), host_peak_rss_bytes()  # after the release, if any
-        if site == "step" and self.device.type == "cpu":  # the rollout site measures the rollout's own growth
-            self._trimmed_at["rollout"] = rss or 0
+        peak = host_peak_rss_bytes()
         if rss is None or peak is None:
             return figures
         return {"memory/host_rss_gib": rss / 2**30, "memory/host_peak_rss_gib": max(peak, rss) / 2**30, **figures}

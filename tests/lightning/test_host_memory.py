@@ -303,3 +303,21 @@ def test_cuda_memory_figures_on_cuda_only(monkeypatch):
     figures = module.release_host_memory()
     assert (figures["memory/cuda_allocated_gib"], figures["memory/cuda_peak_gib"]) == (1.5, 5.0)
     assert calls == [("allocated", torch.device("cuda", 1)), ("peak", torch.device("cuda", 1))]
+
+
+@pytest.mark.parametrize("config", ["grpo_tiny.yaml", "sft_tiny.yaml"])
+def test_shipped_configs_tune_malloc_once_at_fit_start(tmp_path, monkeypatch, config):
+    # the shipped tiny configs as they are (1 step): the arena cap and the kept freed pages are each applied once, at
+    # fit start, by the module's defaults (no config sets them)
+    from pathlib import Path
+
+    from lit_llm.lightning.cli import main
+
+    calls: list[str] = []
+    monkeypatch.setattr(module_mod, "limit_malloc_arenas", lambda n: calls.append(f"arenas {n}") or True)
+    monkeypatch.setattr(module_mod, "keep_freed_pages", lambda: calls.append("keep") or True)
+    root = Path(__file__).resolve().parents[2]
+    main(["fit", "--config", str(root / "configs" / config), "--trainer.max_steps", "1",
+          "--trainer.num_sanity_val_steps", "0", "--trainer.default_root_dir", str(tmp_path),
+          "--trainer.enable_progress_bar", "false"])
+    assert calls == ["arenas 1", "keep"]
